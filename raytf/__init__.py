@@ -1,0 +1,42 @@
+"""raytf: distributed TensorFlow on Ray, with the layout chosen for you.
+
+>>> result = raytf.fit(model=build_model, data=make_dataset, global_batch_size=256, epochs=5)
+>>> print(result.layout, result.explanation, result.history, result.throughput)
+"""
+
+from raytf.api import Plan, fit, plan
+from raytf.callbacks import Callback, ProgressLogger, RunInfo
+from raytf.config import Timeouts
+from raytf.data import InputContext
+from raytf.errors import (
+    ConfigError,
+    PlacementError,
+    RaytfError,
+    StartupTimeoutError,
+    WorkerError,
+)
+from raytf.layouts import AllReduce, InGraph, Layout, layout_names
+from raytf.result import FitResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllReduce",
+    "Callback",
+    "ConfigError",
+    "FitResult",
+    "InGraph",
+    "InputContext",
+    "Layout",
+    "PlacementError",
+    "Plan",
+    "ProgressLogger",
+    "RaytfError",
+    "RunInfo",
+    "StartupTimeoutError",
+    "Timeouts",
+    "WorkerError",
+    "fit",
+    "layout_names",
+    "plan",
+]

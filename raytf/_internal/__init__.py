@@ -1,0 +1,1 @@
+"""Private helpers. Nothing here is public API."""

@@ -1,0 +1,265 @@
+"""The driver side of a run: reserve resources, start actors, wire TensorFlow, run epochs.
+
+Every wait has a timeout and a failure anywhere tears down everything this run started.
+``WorkerGroup`` is the swap point: tests and future layouts can hand in their own.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.util.placement_group import (
+    PlacementGroup,
+    get_current_placement_group,
+    placement_group,
+    remove_placement_group,
+)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from raytf._internal.job import Job
+from raytf._internal.worker import BIND_FAILURE, TrainWorker
+from raytf.callbacks import Callback, RunInfo
+from raytf.config import Timeouts
+from raytf.errors import PlacementError, RaytfError, StartupTimeoutError, WorkerError
+from raytf.layouts.base import Layout
+from raytf.result import FitResult
+
+BIND_ATTEMPTS = 3
+
+
+class _PortTaken(Exception):
+    """A TensorFlow server lost its port to another process; retry with fresh ports."""
+
+
+def _unwrap(exc: Exception, name: str) -> Exception:
+    """The error a user should see for a failed actor call."""
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = exc.cause
+        if isinstance(cause, RaytfError):
+            return cause
+        return WorkerError(f"{name} failed: {cause!r}", worker=name,
+                           error_type=type(cause).__name__, remote_traceback=str(exc))
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return WorkerError(
+            f"{name} died (its process exited or was killed): {exc}", worker=name,
+            error_type=type(exc).__name__)
+    return exc
+
+
+class WorkerGroup:
+    """The actors of one attempt at running a layout."""
+
+    def __init__(self, layout: Layout, placement: PlacementGroup | None) -> None:
+        self.layout = layout
+        self.placement = placement
+        self.actors: list[Any] = []
+        self.names: list[str] = []
+
+    def spawn(self) -> None:
+        remote_cls = ray.remote(TrainWorker)
+        for i, bundle in enumerate(self.layout.bundles()):
+            name = f"worker-{i}" if self.layout.num_workers > 1 else "worker"
+            if self.placement is not None:
+                strategy = PlacementGroupSchedulingStrategy(
+                    self.placement, placement_group_bundle_index=i,
+                    placement_group_capture_child_tasks=True)
+            else:  # inside a caller's placement group (a Tune trial): actors land in it
+                strategy = None
+            actor = remote_cls.options(
+                num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
+                max_restarts=0, scheduling_strategy=strategy,
+            ).remote(name)
+            self.actors.append(actor)
+            self.names.append(name)
+
+    def call(self, method: str, args: Sequence[tuple] | None, timeout_s: float,
+             phase: str) -> list[Any]:
+        """Call ``method`` on every actor; fail fast on the first error, bounded by a timeout."""
+        args = args if args is not None else [()] * len(self.actors)
+        refs = [getattr(a, method).remote(*a_args) for a, a_args in zip(self.actors, args)]
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1,
+                                      timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                missing = sorted(self.names[index[r]] for r in pending)
+                raise StartupTimeoutError(self._timeout_message(phase, timeout_s, missing))
+            try:
+                ray.get(ready[0])
+            except Exception as exc:
+                raise _unwrap(exc, self.names[index[ready[0]]]) from None
+        return ray.get(refs)
+
+    @staticmethod
+    def _timeout_message(phase: str, timeout_s: float, missing: list[str]) -> str:
+        hints = {
+            "start": "actors did not start (a node too slow to import TensorFlow, or a "
+                     "model/data function that hangs); raise Timeouts(start_s=...)",
+            "peers": "TensorFlow peers did not connect: a peer is missing or the nodes cannot "
+                     "open TCP connections to each other on ephemeral ports (check firewalls, "
+                     "`raytf doctor`); raise Timeouts(peers_s=...) for slow networks",
+            "epoch": "an epoch did not finish; raise Timeouts(epoch_s=...) for long epochs",
+        }
+        return (f"{', '.join(missing)} did not finish '{phase}' within {timeout_s:g}s: "
+                f"{hints.get(phase, phase)}. Every actor of the run was stopped.")
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+
+
+def reserve(layout: Layout, timeout_s: float) -> PlacementGroup | None:
+    """A placement group for the layout's bundles, or None inside a caller's group."""
+    if get_current_placement_group() is not None:
+        return None
+    bundles = layout.bundles()
+    pg = placement_group(bundles, strategy=layout.placement_strategy)
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(pg)
+        raise PlacementError(
+            f"Could not reserve {bundles} for {layout.describe()} within {timeout_s:g}s: the "
+            "cluster has these resources in total, but they are held by other actors or jobs. "
+            "Free them, use fewer replicas, or raise Timeouts(placement_s=...)."
+        )
+    return pg
+
+
+class Coordinator:
+    """Runs one layout end to end. ``group_cls`` is the swap point for tests."""
+
+    def __init__(self, layout: Layout, job: Job, timeouts: Timeouts, explanation: str,
+                 callbacks: Sequence[Callback] = (), group_cls: type[WorkerGroup] = WorkerGroup,
+                 model_dir: str | None = None) -> None:
+        self.layout = layout
+        self.job = job
+        self.timeouts = timeouts
+        self.explanation = explanation
+        self.callbacks = list(callbacks)
+        self.group_cls = group_cls
+        self.model_dir = model_dir
+
+    def _start(self, placement: PlacementGroup | None) -> tuple[WorkerGroup, list, list]:
+        t = self.timeouts
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            group = self.group_cls(self.layout, placement)
+            try:
+                group.spawn()
+                ready = group.call("ready", None, t.start_s, "start")
+                addresses = None
+                if self.layout.needs_addresses:
+                    addresses = group.call("reserve_address", None, t.start_s, "start")
+                specs = self.layout.strategy_specs(addresses)
+                try:
+                    devices = group.call("start_strategy", [(s,) for s in specs], t.peers_s,
+                                         "peers")
+                except WorkerError as exc:
+                    if BIND_FAILURE in str(exc) and attempt < BIND_ATTEMPTS:
+                        raise _PortTaken() from exc
+                    raise
+                return group, ready, devices
+            except _PortTaken:
+                group.shutdown()
+            except BaseException:
+                group.shutdown()
+                raise
+        raise AssertionError("unreachable")  # the last attempt re-raises
+
+    def run(self) -> FitResult:
+        started = time.time()
+        job, t = self.job, self.timeouts
+        placement = reserve(self.layout, t.placement_s)
+        group = None
+        try:
+            group, ready, devices = self._start(placement)
+            infos = group.call("build", [(job,)] * len(group.actors), t.start_s, "start")
+            steps = job.steps_per_epoch or min(i["train_steps"] for i in infos)
+            val_steps = None
+            if job.validation_fn is not None:
+                val_steps = job.validation_steps or min(i["validation_steps"] for i in infos)
+            start_epoch = infos[0]["start_epoch"]
+            workers = tuple({**r, **d} for r, d in zip(ready, devices))
+            run_info = RunInfo(self.layout, self.explanation, job.epochs, start_epoch, steps,
+                               val_steps, job.global_batch_size, workers)
+            for cb in self.callbacks:
+                cb.on_fit_start(run_info)
+
+            history: dict[str, list[float]] = {}
+            checkpoint = None
+            global_step = 0
+            for epoch in range(start_epoch, job.epochs):
+                t0 = time.perf_counter()
+                results = group.call("run_epoch", [(epoch, steps, val_steps)] * len(workers),
+                                     t.epoch_s, "epoch")
+                seconds = time.perf_counter() - t0
+                logs = _mean_logs([r["logs"] for r in results])
+                logs["examples_per_second"] = steps * job.global_batch_size / seconds
+                for key, value in logs.items():
+                    history.setdefault(key, []).append(value)
+                global_step = results[0]["global_step"]
+                for cb in self.callbacks:
+                    cb.on_epoch_end(epoch, logs)
+                if results[0]["checkpoint"]:
+                    checkpoint = results[0]["checkpoint"]
+                    for cb in self.callbacks:
+                        cb.on_checkpoint(epoch, checkpoint)
+
+            finals = group.call("final", [(i == 0,) for i in range(len(workers))],
+                                t.start_s, "final")
+        finally:
+            if group is not None:
+                group.shutdown()
+            if placement is not None:
+                remove_placement_group(placement)
+
+        chief = finals[0]
+        model_path = self._write_model(chief.get("model_bytes"))
+        throughputs = [f["throughput"] for f in finals]
+        firsts = [f["first_step_at"] for f in finals if f["first_step_at"]]
+        worker_rows = [
+            {**w, "fingerprint": f["fingerprint"], "throughput": f["throughput"],
+             **({"model_save_error": f["model_save_error"]} if "model_save_error" in f else {})}
+            for w, f in zip(workers, finals)
+        ]
+        result = FitResult(
+            layout=self.layout,
+            explanation=self.explanation,
+            history=history,
+            throughput=sum(throughputs) if all(throughputs) else None,
+            worker_throughput=throughputs,
+            time_to_first_step_s=(max(firsts) - started) if firsts else None,
+            wall_time_s=time.time() - started,
+            epochs_trained=job.epochs - start_epoch,
+            global_step=global_step,
+            weights=chief["weights"],
+            model_path=model_path,
+            checkpoint=checkpoint,
+            workers=worker_rows,
+        )
+        for cb in self.callbacks:
+            cb.on_fit_end(result)
+        return result
+
+    def _write_model(self, model_bytes: bytes | None) -> str | None:
+        if model_bytes is None:
+            return None
+        directory = self.model_dir or tempfile.mkdtemp(prefix="raytf-model-")
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, "model.keras")
+        with open(path, "wb") as f:
+            f.write(model_bytes)
+        return path
+
+
+def _mean_logs(per_worker: list[dict[str, float]]) -> dict[str, float]:
+    """Workers see equal numbers of examples, so a plain mean is the global mean."""
+    keys = per_worker[0].keys()
+    return {k: sum(w[k] for w in per_worker) / len(per_worker) for k in keys}

@@ -1,0 +1,83 @@
+"""The validated description of one training job, sent to every worker actor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from raytf.errors import ConfigError
+
+
+def _positive_int(name: str, value: Any, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, received {value!r}. {fix}")
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a worker needs to train, validated at construction (before any actor starts)."""
+
+    model_fn: Callable[[], Any]
+    data_fn: Callable[[Any], Any]
+    global_batch_size: int
+    epochs: int = 1
+    validation_fn: Callable[[Any], Any] | None = None
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
+    loss: Any = None
+    optimizer: Any = None
+    metrics: tuple[Any, ...] = ()
+    steps_per_execution: int | str = "auto"
+    seed: int | None = 0
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 1
+    resume: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not callable(self.model_fn):
+            raise ConfigError(
+                f"model must be a function that builds a keras.Model, received "
+                f"{type(self.model_fn).__name__}. Pass the builder, e.g. model=build_model, "
+                "not model=build_model(): raytf builds it inside each worker's strategy scope."
+            )
+        if not callable(self.data_fn):
+            raise ConfigError(
+                f"data must be a function (InputContext) -> tf.data.Dataset, received "
+                f"{type(self.data_fn).__name__}. Wrap your dataset: data=lambda ctx: ds."
+            )
+        if self.validation_fn is not None and not callable(self.validation_fn):
+            raise ConfigError(
+                f"validation_data must be a function (InputContext) -> tf.data.Dataset, "
+                f"received {type(self.validation_fn).__name__}."
+            )
+        _positive_int("global_batch_size", self.global_batch_size, "For example 256.")
+        _positive_int("epochs", self.epochs, "For example epochs=5.")
+        _positive_int("checkpoint_every", self.checkpoint_every, "It counts epochs.")
+        for name in ("steps_per_epoch", "validation_steps"):
+            value = getattr(self, name)
+            if value is not None:
+                _positive_int(name, value, "Or leave it None to use the whole dataset.")
+        spe = self.steps_per_execution
+        if spe != "auto":
+            _positive_int("steps_per_execution", spe, "Or 'auto'.")
+        if self.resume and not self.checkpoint_dir:
+            raise ConfigError(
+                "resume=True needs checkpoint_dir= naming the directory to resume from."
+            )
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ConfigError(f"seed must be an int or None, received {self.seed!r}.")
+
+
+def check_batch_split(global_batch_size: int, replicas: int) -> None:
+    """The global batch must split exactly over the replicas; say how to fix it if not."""
+    if global_batch_size % replicas:
+        lower = global_batch_size // replicas * replicas
+        upper = lower + replicas
+        options = f"{lower} or {upper}" if lower else f"{upper}"
+        raise ConfigError(
+            f"global_batch_size={global_batch_size} cannot be split evenly over {replicas} "
+            f"replicas; use a multiple of {replicas}, such as {options}."
+        )

@@ -1,0 +1,25 @@
+"""What one worker actor is told to build: plain, picklable data (no TensorFlow objects)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# How the replicas of one actor are driven.
+TOWERS = "towers"  # one tower per device inside one tf.function, gradients averaged by hand
+MIRRORED = "mirrored"  # tf.distribute.MirroredStrategy over the actor's devices
+MULTI_WORKER = "multi-worker"  # tf.distribute.MultiWorkerMirroredStrategy, TF_CONFIG per actor
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    kind: str
+    devices: int = 1
+    use_gpu: bool = False
+    worker_index: int = 0
+    num_workers: int = 1
+    cluster: dict[str, list[str]] | None = None
+    communication: str = "auto"  # "ring" | "nccl" | "auto", for multi-worker
+
+    @property
+    def is_chief(self) -> bool:
+        return self.worker_index == 0

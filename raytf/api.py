@@ -1,0 +1,160 @@
+"""The public entry points: :func:`fit` and :func:`plan`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from raytf._internal.cluster import ClusterInfo, bundles_fit, cluster_from_ray_nodes
+from raytf._internal.job import Job, check_batch_split
+from raytf._internal.selection import choose_layout, default_replicas, resolve_use_gpu
+from raytf.callbacks import Callback, ProgressLogger
+from raytf.config import Timeouts
+from raytf.errors import ConfigError, PlacementError
+from raytf.layouts import Layout, make_layout, resolve
+from raytf.result import FitResult
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The layout raytf would run, why, and the Ray resources it reserves."""
+
+    layout: Layout
+    explanation: str
+    cluster: ClusterInfo
+
+    @property
+    def bundles(self) -> list[dict[str, float]]:
+        return self.layout.bundles()
+
+    def __str__(self) -> str:
+        return (f"layout:    {self.layout.describe()}\n"
+                f"why:       {self.explanation}\n"
+                f"resources: {self.bundles} (one bundle per actor)\n"
+                f"cluster:   {self.cluster.describe()}")
+
+
+def connect(address: str | None = None) -> None:
+    """Join the Ray cluster at ``address`` ("auto" for a running one), or start a local one."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address in (None, "", "local"):
+        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    else:
+        ray.init(address=address, logging_level=logging.WARNING)
+
+
+def current_cluster() -> ClusterInfo:
+    import ray
+
+    return cluster_from_ray_nodes(ray.nodes())
+
+
+def _layout_for(layout: str | Layout, replicas: int | None, use_gpu: bool | None,
+                cluster: ClusterInfo) -> tuple[Layout, str]:
+    if isinstance(layout, Layout):
+        if replicas is not None and replicas != layout.num_replicas:
+            raise ConfigError(
+                f"replicas={replicas} disagrees with the layout object, which runs "
+                f"{layout.num_replicas} replica(s) ({layout.describe()}); drop replicas=."
+            )
+        return layout, f"{layout.name}: chosen by the caller as {layout!r}."
+    if not isinstance(layout, str):
+        raise ConfigError(
+            f"layout must be 'auto', a layout name or a layout object, received "
+            f"{type(layout).__name__}."
+        )
+    if layout == "auto":
+        choice = choose_layout(cluster, replicas=replicas, use_gpu=use_gpu)
+        cls, _ = resolve(choice.layout)
+        return cls(**choice.options), choice.explanation
+    resolve(layout)  # unknown names fail here, before the cluster is looked at
+    gpu = resolve_use_gpu(cluster, use_gpu)
+    why = "set by the caller"
+    if replicas is None:
+        replicas, why = default_replicas(cluster, gpu)
+    chosen = make_layout(layout, replicas, gpu)
+    return chosen, f"{layout}: named by the caller; {replicas} replica(s) ({why})."
+
+
+def plan(layout: str | Layout = "auto", replicas: int | None = None,
+         use_gpu: bool | None = None, cluster: ClusterInfo | None = None,
+         address: str | None = None) -> Plan:
+    """What :func:`fit` would run on ``cluster`` (default: the connected Ray cluster), and why.
+
+    Raises :class:`PlacementError` if the layout can never be placed there.
+    """
+    if cluster is None:
+        connect(address)
+        cluster = current_cluster()
+    chosen, explanation = _layout_for(layout, replicas, use_gpu, cluster)
+    if not bundles_fit(chosen.bundles(), cluster):
+        raise PlacementError(
+            f"{chosen.describe()} needs {chosen.bundles()} but the cluster can never hold "
+            f"them ({cluster.describe()}). Ask for fewer replicas or devices, or add nodes."
+        )
+    return Plan(chosen, explanation, cluster)
+
+
+def fit(
+    model: Callable[[], Any],
+    data: Callable[[Any], Any],
+    *,
+    global_batch_size: int,
+    epochs: int = 1,
+    layout: str | Layout = "auto",
+    replicas: int | None = None,
+    use_gpu: bool | None = None,
+    validation_data: Callable[[Any], Any] | None = None,
+    steps_per_epoch: int | None = None,
+    validation_steps: int | None = None,
+    loss: Any = None,
+    optimizer: Any = None,
+    metrics: Sequence[Any] = (),
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 1,
+    resume: bool = False,
+    callbacks: Sequence[Callback] = (),
+    verbose: bool = True,
+    seed: int | None = 0,
+    steps_per_execution: int | str = "auto",
+    timeouts: Timeouts | None = None,
+    address: str | None = None,
+) -> FitResult:
+    """Train a Keras 3 model on Ray with the layout that suits the cluster.
+
+    ``model`` builds (and usually compiles) a ``keras.Model``; raytf calls it inside each
+    worker's strategy scope. ``data`` takes an :class:`~raytf.InputContext` and returns this
+    worker's unbatched ``tf.data.Dataset`` of ``(features, labels)``. ``layout="auto"`` puts
+    the replicas in one graph when they fit on one node and uses all-reduce across nodes
+    otherwise; ``result.explanation`` says why.
+    """
+    job = Job(
+        model_fn=model, data_fn=data, global_batch_size=global_batch_size, epochs=epochs,
+        validation_fn=validation_data, steps_per_epoch=steps_per_epoch,
+        validation_steps=validation_steps, loss=loss, optimizer=optimizer,
+        metrics=tuple(metrics), steps_per_execution=steps_per_execution, seed=seed,
+        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
+    )
+    timeouts = timeouts or Timeouts()
+    if not isinstance(timeouts, Timeouts):
+        raise ConfigError(f"timeouts must be a raytf.Timeouts, received {timeouts!r}.")
+    for cb in callbacks:
+        if not isinstance(cb, Callback):
+            raise ConfigError(
+                f"callbacks must be raytf.Callback instances, received {type(cb).__name__}."
+            )
+    if isinstance(layout, str) and layout != "auto":
+        resolve(layout)  # fail on a typo before Ray starts
+    chosen = plan(layout, replicas=replicas, use_gpu=use_gpu, address=address)
+    check_batch_split(global_batch_size, chosen.layout.num_replicas)
+
+    from raytf._internal.coordinator import Coordinator
+
+    hooks = [ProgressLogger(), *callbacks] if verbose else list(callbacks)
+    return Coordinator(chosen.layout, job, timeouts, chosen.explanation, hooks,
+                       model_dir=checkpoint_dir).run()

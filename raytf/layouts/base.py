@@ -1,0 +1,63 @@
+"""The layout base class: how many actors, with which resources, driving which strategy."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from raytf.errors import ConfigError
+
+if TYPE_CHECKING:
+    from raytf._internal.spec import StrategySpec
+
+
+def check_positive_int(owner: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"{owner}: {name} must be a positive integer, received {value!r}. "
+            f"Pass for example {name}=2."
+        )
+
+
+@dataclass(frozen=True)
+class Layout(ABC):
+    """A way to lay a training job out on Ray actors.
+
+    Subclasses are frozen dataclasses registered under one or more names with
+    :func:`raytf.layouts.register`; the coordinator only talks to this interface.
+    """
+
+    name: ClassVar[str]
+    #: Actors need each other's addresses before TensorFlow starts (TF_CONFIG).
+    needs_addresses: ClassVar[bool] = False
+    #: Ray placement-group strategy for the bundles.
+    placement_strategy: ClassVar[str] = "PACK"
+
+    @property
+    @abstractmethod
+    def num_workers(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def devices_per_worker(self) -> int: ...
+
+    @property
+    def num_replicas(self) -> int:
+        return self.num_workers * self.devices_per_worker
+
+    @abstractmethod
+    def bundles(self) -> list[dict[str, float]]:
+        """Ray resource bundles, one per actor, in worker order (a placement group's input)."""
+
+    @abstractmethod
+    def strategy_specs(self, addresses: list[str] | None) -> list[StrategySpec]:
+        """One spec per actor; ``addresses`` are the ``host:port`` the actors bound."""
+
+    @classmethod
+    @abstractmethod
+    def for_replicas(cls, replicas: int, use_gpu: bool, **options: Any) -> Layout:
+        """The layout that runs ``replicas`` replicas, for ``layout="name", replicas=N``."""
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.num_workers} worker(s) x {self.devices_per_worker} device(s)"

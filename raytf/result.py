@@ -1,0 +1,49 @@
+"""What :func:`raytf.fit` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from raytf.layouts.base import Layout
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """The trained model and what the run measured.
+
+    ``weights`` load into your own model with ``model.set_weights(result.weights)``;
+    ``model_path`` is a ``.keras`` file (``load_model()`` reads it). ``throughput`` is global
+    examples per second after the first (tracing) step; ``worker_throughput`` is per worker.
+    """
+
+    layout: Layout
+    explanation: str
+    history: dict[str, list[float]]
+    throughput: float | None
+    worker_throughput: list[float | None]
+    time_to_first_step_s: float | None
+    wall_time_s: float
+    epochs_trained: int
+    global_step: int
+    weights: list[np.ndarray] = field(repr=False)
+    model_path: str | None
+    checkpoint: str | None
+    workers: list[dict[str, Any]] = field(repr=False)
+
+    def load_model(self, **kwargs: Any) -> Any:
+        """The final model as a ``keras.Model``, read from :attr:`model_path`."""
+        import keras
+
+        if self.model_path is None:
+            from raytf.errors import RaytfError
+
+            raise RaytfError(
+                "The final model could not be saved as a .keras file (see the worker's "
+                "model_save_error in result.workers); load result.weights into your model "
+                "with model.set_weights(result.weights)."
+            )
+        return keras.models.load_model(self.model_path, **kwargs)
