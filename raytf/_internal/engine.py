@@ -438,3 +438,18 @@ class Engine:
                     out["model_bytes"] = None
                     out["model_save_error"] = f"{type(exc).__name__}: {exc}"
         return out
+
+
+def run_in_process(spec: StrategySpec, job: Job) -> tuple[Engine, list[dict[str, Any]]]:
+    """Run ``job`` in this process without Ray: the engine "by hand", for benchmarks and tests.
+
+    Must be the first TensorFlow work in the process (devices and strategies are set once).
+    """
+    devices, _ = configure_devices(spec)
+    strategy = make_strategy(spec, devices)
+    eng = Engine(spec, job, devices, strategy)
+    info = eng.build()
+    steps = job.steps_per_epoch or info["train_steps"]
+    val_steps = job.validation_steps or info["validation_steps"]
+    epochs = [eng.run_epoch(e, steps, val_steps) for e in range(info["start_epoch"], job.epochs)]
+    return eng, epochs

@@ -45,11 +45,8 @@ def default_replicas(cluster: ClusterInfo, use_gpu: bool) -> tuple[int, str]:
     if use_gpu:
         n = int(cluster.total_gpus)
         return n, f"default: every GPU of the cluster, {n}"
-    if len(cluster.nodes) > 1:
-        n = len(cluster.nodes)
-        return n, f"default on a CPU cluster: one replica per node, {n}"
     n = min(DEFAULT_CPU_REPLICAS, max(1, int(cluster.max_cpus_per_node)))
-    return n, f"default on one CPU node: {n} logical CPU devices"
+    return n, f"default without GPUs: {n} CPU replicas; pass replicas= for more"
 
 
 def resolve_use_gpu(cluster: ClusterInfo, use_gpu: bool | None) -> bool:
@@ -73,7 +70,7 @@ def choose_layout(
     """Pick in-graph when the replicas fit on one node, all-reduce when they must span nodes.
 
     ``use_gpu=None`` means: GPUs if the cluster has any. ``replicas=None`` means: every GPU of
-    the cluster, or on a CPU-only cluster one replica per node (two on a single node).
+    the cluster, or two CPU replicas on a cluster without GPUs.
     """
     if not cluster.nodes:
         raise PlacementError("The Ray cluster has no alive nodes; start Ray or check the address.")

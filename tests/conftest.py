@@ -1,0 +1,41 @@
+"""Shared fixtures: a guard against leaked environment variables (TF_CONFIG!) and Ray."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import workloads
+from ray import cloudpickle
+
+# Ray workers cannot import the tests directory: ship the workload functions by value.
+cloudpickle.register_pickle_by_value(workloads)
+
+WATCHED = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "RAY_ADDRESS")
+
+
+@pytest.fixture(autouse=True)
+def no_env_leaks():
+    """raytf sets TF_CONFIG only inside actors; the test process must never see one."""
+    before = {k: os.environ.get(k) for k in WATCHED}
+    yield
+    after = {k: os.environ.get(k) for k in WATCHED}
+    assert after == before, f"environment leaked: {before} -> {after}"
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One real local Ray per test module (4 CPUs declared on a 2-core machine)."""
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()
+
+
+def alive_actors() -> list[str]:
+    """Names of live actor classes, from the GCS (the state API needs the dashboard)."""
+    import ray
+
+    return [a.get("ActorClassName", "?") for a in ray._private.state.actors().values()
+            if a["State"] == "ALIVE"]

@@ -1,0 +1,98 @@
+"""Small, deterministic models and data for the tests (shipped to actors by value)."""
+
+from __future__ import annotations
+
+FEATURES, CLASSES, EXAMPLES = 12, 3, 512
+
+
+def arrays(n: int = EXAMPLES, seed: int = 0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, FEATURES)).astype("float32")
+    y = ((x[:, 0] > 0).astype("int64") + (x[:, 1] > 0.5)).astype("int64")
+    return x, y
+
+
+def mlp():
+    import keras
+
+    model = keras.Sequential([
+        keras.Input((FEATURES,)),
+        keras.layers.Dense(16, activation="relu"),
+        keras.layers.Dense(CLASSES),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def data(ctx):
+    import tensorflow as tf
+
+    return ctx.shard(tf.data.Dataset.from_tensor_slices(arrays()))
+
+
+def validation(ctx):
+    import tensorflow as tf
+
+    return ctx.shard(tf.data.Dataset.from_tensor_slices(arrays(128, seed=1)))
+
+
+def keras_reference(epochs: int, batch: int):
+    """Keras's own fit in one process on the same batches: the yardstick for every layout."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = mlp()
+    ds = tf.data.Dataset.from_tensor_slices(arrays()).batch(batch, drop_remainder=True)
+    history = model.fit(ds, epochs=epochs, verbose=0, shuffle=False)
+    return history.history["loss"], model.get_weights()
+
+
+def dict_io_model():
+    """Functional model with named inputs and two named outputs, each with its own loss."""
+    import keras
+
+    a = keras.Input((4,), name="a")
+    b = keras.Input((8,), name="b")
+    h = keras.layers.Dense(16, activation="relu")(keras.layers.Concatenate()([a, b]))
+    model = keras.Model({"a": a, "b": b},
+                        {"cls": keras.layers.Dense(CLASSES, name="cls")(h),
+                         "reg": keras.layers.Dense(1, name="reg")(h)})
+    model.compile(optimizer="adam",
+                  loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                        "reg": "mse"},
+                  metrics={"cls": ["accuracy"]})
+    return model
+
+
+def dict_io_data(ctx):
+    import tensorflow as tf
+
+    x, y = arrays()
+    features = {"a": x[:, :4], "b": x[:, 4:]}
+    labels = {"cls": y, "reg": x[:, :1] * 2.0}
+    return ctx.shard(tf.data.Dataset.from_tensor_slices((features, labels)))
+
+
+def batchnorm_subclassed():
+    """Subclassed model with BatchNormalization: non-trainable state, built lazily."""
+    import keras
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(16, activation="relu")
+            self.norm = keras.layers.BatchNormalization()
+            self.out = keras.layers.Dense(CLASSES)
+
+        def call(self, x, training=False):
+            return self.out(self.norm(self.hidden(x), training=training))
+
+    model = Net()
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
