@@ -96,3 +96,33 @@ def batchnorm_subclassed():
     model.compile(optimizer="adam",
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
+
+
+def model_that_raises():
+    layers = {}
+    return layers["encoder"]  # KeyError, as a typo in user code would
+
+
+def model_returning_string():
+    return "not a model"
+
+
+def uncompiled():
+    import keras
+
+    return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(CLASSES)])
+
+
+def data_wrong_width(ctx):
+    import tensorflow as tf
+
+    x, y = arrays()
+    return tf.data.Dataset.from_tensor_slices((x[:, :7], y))
+
+
+def data_batched(ctx):
+    return data(ctx).batch(32)
+
+
+def data_numpy(ctx):
+    return arrays()
