@@ -30,10 +30,12 @@ class Plan:
         return self.layout.bundles()
 
     def __str__(self) -> str:
-        return (f"layout:    {self.layout.describe()}\n"
-                f"why:       {self.explanation}\n"
-                f"resources: {self.bundles} (one bundle per actor)\n"
-                f"cluster:   {self.cluster.describe()}")
+        return (
+            f"layout:    {self.layout.describe()}\n"
+            f"why:       {self.explanation}\n"
+            f"resources: {self.bundles} (one bundle per actor)\n"
+            f"cluster:   {self.cluster.describe()}"
+        )
 
 
 def connect(address: str | None = None) -> None:
@@ -54,8 +56,9 @@ def current_cluster() -> ClusterInfo:
     return cluster_from_ray_nodes(ray.nodes())
 
 
-def _layout_for(layout: str | Layout, replicas: int | None, use_gpu: bool | None,
-                cluster: ClusterInfo) -> tuple[Layout, str]:
+def _layout_for(
+    layout: str | Layout, replicas: int | None, use_gpu: bool | None, cluster: ClusterInfo
+) -> tuple[Layout, str]:
     if isinstance(layout, Layout):
         if replicas is not None and replicas != layout.num_replicas:
             raise ConfigError(
@@ -81,9 +84,13 @@ def _layout_for(layout: str | Layout, replicas: int | None, use_gpu: bool | None
     return chosen, f"{layout}: named by the caller; {replicas} replica(s) ({why})."
 
 
-def plan(layout: str | Layout = "auto", replicas: int | None = None,
-         use_gpu: bool | None = None, cluster: ClusterInfo | None = None,
-         address: str | None = None) -> Plan:
+def plan(
+    layout: str | Layout = "auto",
+    replicas: int | None = None,
+    use_gpu: bool | None = None,
+    cluster: ClusterInfo | None = None,
+    address: str | None = None,
+) -> Plan:
     """What :func:`fit` would run on ``cluster`` (default: the connected Ray cluster), and why.
 
     Raises :class:`PlacementError` if the layout can never be placed there.
@@ -134,11 +141,21 @@ def fit(
     otherwise; ``result.explanation`` says why.
     """
     job = Job(
-        model_fn=model, data_fn=data, global_batch_size=global_batch_size, epochs=epochs,
-        validation_fn=validation_data, steps_per_epoch=steps_per_epoch,
-        validation_steps=validation_steps, loss=loss, optimizer=optimizer,
-        metrics=tuple(metrics), steps_per_execution=steps_per_execution, seed=seed,
-        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
+        model_fn=model,
+        data_fn=data,
+        global_batch_size=global_batch_size,
+        epochs=epochs,
+        validation_fn=validation_data,
+        steps_per_epoch=steps_per_epoch,
+        validation_steps=validation_steps,
+        loss=loss,
+        optimizer=optimizer,
+        metrics=tuple(metrics),
+        steps_per_execution=steps_per_execution,
+        seed=seed,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
     )
     timeouts = timeouts or Timeouts()
     if not isinstance(timeouts, Timeouts):
@@ -156,5 +173,6 @@ def fit(
     from raytf._internal.coordinator import Coordinator
 
     hooks = [ProgressLogger(), *callbacks] if verbose else list(callbacks)
-    return Coordinator(chosen.layout, job, timeouts, chosen.explanation, hooks,
-                       model_dir=checkpoint_dir).run()
+    return Coordinator(
+        chosen.layout, job, timeouts, chosen.explanation, hooks, model_dir=checkpoint_dir
+    ).run()

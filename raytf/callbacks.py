@@ -61,10 +61,14 @@ class ProgressLogger(Callback):
         self._print(f"raytf: layout {run.layout.describe()}")
         self._print(f"raytf: why: {run.explanation}")
         for w in run.workers:
-            self._print(f"raytf:   {w['name']} on {w['node_ip']} pid {w['pid']}: "
-                        f"{len(w['devices'])} x {w['device_kind']}")
-        self._print(f"raytf: {run.steps_per_epoch} steps/epoch at global batch "
-                    f"{run.global_batch_size}, epochs {run.start_epoch + 1}..{run.epochs}")
+            self._print(
+                f"raytf:   {w['name']} on {w['node_ip']} pid {w['pid']}: "
+                f"{len(w['devices'])} x {w['device_kind']}"
+            )
+        self._print(
+            f"raytf: {run.steps_per_epoch} steps/epoch at global batch "
+            f"{run.global_batch_size}, epochs {run.start_epoch + 1}..{run.epochs}"
+        )
         self._last = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, float]) -> None:
@@ -72,8 +76,11 @@ class ProgressLogger(Callback):
         parts = [f"{k} {_fmt(v)}" for k, v in logs.items() if k != "examples_per_second"]
         rate = logs.get("examples_per_second")
         tail = f"  {rate:,.0f} ex/s" if rate else ""
-        self._print(f"epoch {epoch + 1}/{self._epochs}  " + "  ".join(parts)
-                    + f"{tail}  {now - self._last:.1f}s")
+        self._print(
+            f"epoch {epoch + 1}/{self._epochs}  "
+            + "  ".join(parts)
+            + f"{tail}  {now - self._last:.1f}s"
+        )
         self._last = now
 
     def on_checkpoint(self, epoch: int, path: str) -> None:

@@ -43,8 +43,10 @@ class WorkerError(RaytfError):
         self.remote_traceback = remote_traceback
 
     def __reduce__(self):
-        return (_rebuild_worker_error, (self.args[0], self.worker, self.error_type,
-                                        self.remote_traceback))
+        return (
+            _rebuild_worker_error,
+            (self.args[0], self.worker, self.error_type, self.remote_traceback),
+        )
 
     def __str__(self) -> str:
         text = self.args[0]
@@ -54,5 +56,6 @@ class WorkerError(RaytfError):
 
 
 def _rebuild_worker_error(message, worker, error_type, remote_traceback) -> WorkerError:
-    return WorkerError(message, worker=worker, error_type=error_type,
-                       remote_traceback=remote_traceback)
+    return WorkerError(
+        message, worker=worker, error_type=error_type, remote_traceback=remote_traceback
+    )

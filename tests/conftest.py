@@ -37,5 +37,8 @@ def alive_actors() -> list[str]:
     """Names of live actor classes, from the GCS (the state API needs the dashboard)."""
     import ray
 
-    return [a.get("ActorClassName", "?") for a in ray._private.state.actors().values()
-            if a["State"] == "ALIVE"]
+    return [
+        a.get("ActorClassName", "?")
+        for a in ray._private.state.actors().values()
+        if a["State"] == "ALIVE"
+    ]

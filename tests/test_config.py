@@ -24,22 +24,40 @@ def test_registered_layout_names_are_pinned():
 
 def test_public_api_is_small_and_explicit():
     assert set(raytf.__all__) == {
-        "AllReduce", "Callback", "ConfigError", "FitResult", "InGraph", "InputContext",
-        "Layout", "PlacementError", "Plan", "ProgressLogger", "RaytfError", "RunInfo",
-        "StartupTimeoutError", "Timeouts", "WorkerError", "fit", "layout_names", "plan",
+        "AllReduce",
+        "Callback",
+        "ConfigError",
+        "FitResult",
+        "InGraph",
+        "InputContext",
+        "Layout",
+        "PlacementError",
+        "Plan",
+        "ProgressLogger",
+        "RaytfError",
+        "RunInfo",
+        "StartupTimeoutError",
+        "Timeouts",
+        "WorkerError",
+        "fit",
+        "layout_names",
+        "plan",
     }
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"model_fn": object()}, "model must be a function that builds a keras.Model"),
-    ({"data_fn": [1, 2]}, r"data must be a function \(InputContext\)"),
-    ({"global_batch_size": 0}, "global_batch_size must be a positive integer, received 0"),
-    ({"epochs": -1}, "epochs must be a positive integer, received -1"),
-    ({"steps_per_epoch": 0}, "steps_per_epoch must be a positive integer"),
-    ({"steps_per_execution": "fast"}, "steps_per_execution must be a positive integer"),
-    ({"resume": True}, "resume=True needs checkpoint_dir="),
-    ({"seed": "x"}, "seed must be an int or None"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"model_fn": object()}, "model must be a function that builds a keras.Model"),
+        ({"data_fn": [1, 2]}, r"data must be a function \(InputContext\)"),
+        ({"global_batch_size": 0}, "global_batch_size must be a positive integer, received 0"),
+        ({"epochs": -1}, "epochs must be a positive integer, received -1"),
+        ({"steps_per_epoch": 0}, "steps_per_epoch must be a positive integer"),
+        ({"steps_per_execution": "fast"}, "steps_per_execution must be a positive integer"),
+        ({"resume": True}, "resume=True needs checkpoint_dir="),
+        ({"seed": "x"}, "seed must be an int or None"),
+    ],
+)
 def test_job_rejects_bad_values(kwargs, message):
     args = {"model_fn": model_fn, "data_fn": data_fn, "global_batch_size": 8, **kwargs}
     with pytest.raises(ConfigError, match=message):
@@ -53,14 +71,17 @@ def test_batch_that_cannot_split_says_what_to_use():
     check_batch_split(256, 4)
 
 
-@pytest.mark.parametrize(("make", "message"), [
-    (lambda: raytf.AllReduce(workers=0), "workers must be a positive integer, received 0"),
-    (lambda: raytf.InGraph(devices=0), "devices must be a positive integer, received 0"),
-    (lambda: raytf.InGraph(engine="fast"), "unknown engine 'fast'"),
-    (lambda: raytf.AllReduce(communication="nccl"), "needs GPUs"),
-    (lambda: raytf.AllReduce(devices=2), "one CPU device per worker"),
-    (lambda: raytf.Timeouts(peers_s=0), "peers_s must be a positive number"),
-])
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: raytf.AllReduce(workers=0), "workers must be a positive integer, received 0"),
+        (lambda: raytf.InGraph(devices=0), "devices must be a positive integer, received 0"),
+        (lambda: raytf.InGraph(engine="fast"), "unknown engine 'fast'"),
+        (lambda: raytf.AllReduce(communication="nccl"), "needs GPUs"),
+        (lambda: raytf.AllReduce(devices=2), "one CPU device per worker"),
+        (lambda: raytf.Timeouts(peers_s=0), "peers_s must be a positive number"),
+    ],
+)
 def test_layout_objects_validate(make, message):
     with pytest.raises(ConfigError, match=message):
         make()

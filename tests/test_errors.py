@@ -47,8 +47,12 @@ def test_uncompiled_model_without_loss():
 
 
 def test_uncompiled_model_with_loss_argument_trains():
-    result = fit(model=workloads.uncompiled, loss="sparse_categorical_crossentropy",
-                 optimizer="sgd", metrics=["accuracy"])
+    result = fit(
+        model=workloads.uncompiled,
+        loss="sparse_categorical_crossentropy",
+        optimizer="sgd",
+        metrics=["accuracy"],
+    )
     assert "accuracy" in result.history
 
 
@@ -72,14 +76,17 @@ def test_batch_that_does_not_split_fails_before_any_actor():
         fit(global_batch_size=63)
 
 
-@pytest.mark.parametrize(("kwargs", "error", "message"), [
-    ({"layout": "ring"}, raytf.ConfigError, "Unknown layout 'ring'"),
-    ({"layout": "all-reduce", "replicas": 0}, raytf.ConfigError, "workers must be a positive"),
-    ({"layout": "auto", "replicas": 0}, raytf.ConfigError, "replicas must be a positive"),
-    ({"layout": "auto", "replicas": 8}, raytf.PlacementError, "can never be placed"),
-    ({"layout": "auto", "use_gpu": True}, raytf.PlacementError, "no GPUs"),
-    ({"callbacks": [print]}, raytf.ConfigError, "callbacks must be raytf.Callback"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"layout": "ring"}, raytf.ConfigError, "Unknown layout 'ring'"),
+        ({"layout": "all-reduce", "replicas": 0}, raytf.ConfigError, "workers must be a positive"),
+        ({"layout": "auto", "replicas": 0}, raytf.ConfigError, "replicas must be a positive"),
+        ({"layout": "auto", "replicas": 8}, raytf.PlacementError, "can never be placed"),
+        ({"layout": "auto", "use_gpu": True}, raytf.PlacementError, "no GPUs"),
+        ({"callbacks": [print]}, raytf.ConfigError, "callbacks must be raytf.Callback"),
+    ],
+)
 def test_bad_arguments(kwargs, error, message):
     with pytest.raises(error, match=message):
         fit(**kwargs)
@@ -108,7 +115,8 @@ class _PhantomPeer(raytf.AllReduce):
 
 def test_missing_peer_fails_within_the_timeout():
     job = Job(model_fn=workloads.mlp, data_fn=workloads.data, global_batch_size=64)
-    coordinator = Coordinator(_PhantomPeer(workers=2), job, raytf.Timeouts(peers_s=5),
-                              "test: a phantom third worker")
+    coordinator = Coordinator(
+        _PhantomPeer(workers=2), job, raytf.Timeouts(peers_s=5), "test: a phantom third worker"
+    )
     with pytest.raises(raytf.StartupTimeoutError, match="did not finish 'peers' within 5s"):
         coordinator.run()

@@ -30,13 +30,24 @@ def reference(local_ray):
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_trains_and_matches_single_process(local_ray, reference, name):
-    result = raytf.fit(workloads.mlp, workloads.data, global_batch_size=BATCH, epochs=EPOCHS,
-                       layout=LAYOUTS[name], validation_data=workloads.validation,
-                       verbose=False)
+    result = raytf.fit(
+        workloads.mlp,
+        workloads.data,
+        global_batch_size=BATCH,
+        epochs=EPOCHS,
+        layout=LAYOUTS[name],
+        validation_data=workloads.validation,
+        verbose=False,
+    )
     loss = result.history["loss"]
     assert loss[-1] < loss[0]
-    assert set(result.history) >= {"loss", "accuracy", "val_loss", "val_accuracy",
-                                   "examples_per_second"}
+    assert set(result.history) >= {
+        "loss",
+        "accuracy",
+        "val_loss",
+        "val_accuracy",
+        "examples_per_second",
+    }
     # Same examples per step as Keras's fit, so the same trajectory up to float rounding.
     ref_loss, ref_weights = reference
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-4)
@@ -50,23 +61,42 @@ def test_layout_trains_and_matches_single_process(local_ray, reference, name):
 
 
 def test_all_reduce_replicas_hold_identical_weights(local_ray):
-    result = raytf.fit(workloads.mlp, workloads.data, global_batch_size=BATCH, epochs=1,
-                       layout="all-reduce", replicas=2, verbose=False)
+    result = raytf.fit(
+        workloads.mlp,
+        workloads.data,
+        global_batch_size=BATCH,
+        epochs=1,
+        layout="all-reduce",
+        replicas=2,
+        verbose=False,
+    )
     prints = {w["fingerprint"] for w in result.workers}
     assert len(result.workers) == 2 and len(prints) == 1
     assert {w["name"] for w in result.workers} == {"worker-0", "worker-1"}
 
 
 def test_dict_inputs_and_outputs_under_towers(local_ray):
-    result = raytf.fit(workloads.dict_io_model, workloads.dict_io_data, global_batch_size=64,
-                       epochs=3, layout="towers", verbose=False)
+    result = raytf.fit(
+        workloads.dict_io_model,
+        workloads.dict_io_data,
+        global_batch_size=64,
+        epochs=3,
+        layout="towers",
+        verbose=False,
+    )
     assert {"loss", "cls_accuracy"} <= set(result.history)
     assert result.history["loss"][-1] < result.history["loss"][0]
 
 
 def test_subclassed_batchnorm_under_mirrored(local_ray):
-    result = raytf.fit(workloads.batchnorm_subclassed, workloads.data, global_batch_size=64,
-                       epochs=3, layout="mirrored", verbose=False)
+    result = raytf.fit(
+        workloads.batchnorm_subclassed,
+        workloads.data,
+        global_batch_size=64,
+        epochs=3,
+        layout="mirrored",
+        verbose=False,
+    )
     assert result.history["loss"][-1] < result.history["loss"][0]
     # moving mean/variance were updated from their 0/1 initial values
     moving = [w for w in result.weights if w.shape == (16,)]
@@ -74,8 +104,9 @@ def test_subclassed_batchnorm_under_mirrored(local_ray):
 
 
 def test_auto_on_one_cpu_node_picks_in_graph_and_says_why(local_ray):
-    result = raytf.fit(workloads.mlp, workloads.data, global_batch_size=BATCH, epochs=1,
-                       verbose=False)
+    result = raytf.fit(
+        workloads.mlp, workloads.data, global_batch_size=BATCH, epochs=1, verbose=False
+    )
     assert result.layout == raytf.InGraph(devices=2, engine="towers")
     assert "fit on one node" in result.explanation and "towers" in result.explanation
 
@@ -87,8 +118,9 @@ def test_checkpoint_then_resume_continues_from_the_saved_epoch(local_ray, tmp_pa
     first = raytf.fit(workloads.mlp, workloads.data, epochs=2, checkpoint_dir=ckpt, **common)
     assert first.checkpoint and os.path.exists(first.checkpoint + ".index")
     assert not any(p.startswith(".scratch") for p in os.listdir(ckpt))
-    resumed = raytf.fit(workloads.mlp, workloads.data, epochs=4, checkpoint_dir=ckpt,
-                        resume=True, **common)
+    resumed = raytf.fit(
+        workloads.mlp, workloads.data, epochs=4, checkpoint_dir=ckpt, resume=True, **common
+    )
     assert resumed.epochs_trained == 2 and len(resumed.history["loss"]) == 2
     steps = workloads.EXAMPLES // BATCH
     assert resumed.global_step == 4 * steps  # Adam's step counter came back too
@@ -97,8 +129,15 @@ def test_checkpoint_then_resume_continues_from_the_saved_epoch(local_ray, tmp_pa
 
 
 def test_final_model_loads_as_keras_file(local_ray, tmp_path):
-    result = raytf.fit(workloads.mlp, workloads.data, global_batch_size=BATCH, epochs=1,
-                       layout="towers", checkpoint_dir=str(tmp_path), verbose=False)
+    result = raytf.fit(
+        workloads.mlp,
+        workloads.data,
+        global_batch_size=BATCH,
+        epochs=1,
+        layout="towers",
+        checkpoint_dir=str(tmp_path),
+        verbose=False,
+    )
     assert result.model_path == str(tmp_path / "model.keras")
     model = result.load_model()
     for got, want in zip(model.get_weights(), result.weights, strict=True):

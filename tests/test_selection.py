@@ -19,18 +19,27 @@ TABLE = [
     # CPU replicas that do not fit one node: one CPU worker each
     (C((2, 0)), 3, None, None, None),  # 3 CPUs asked, 2 in all: refused below
     (C((2, 0), (2, 0)), 4, None, "all-reduce", {"workers": 4, "devices": 1, "use_gpu": False}),
-    (C((4, 0), (4, 0)), None, None, "in-graph",
-     {"devices": 2, "engine": "towers", "use_gpu": False}),  # default: 2 CPU replicas
+    (
+        C((4, 0), (4, 0)),
+        None,
+        None,
+        "in-graph",
+        {"devices": 2, "engine": "towers", "use_gpu": False},
+    ),  # default: 2 CPU replicas
     # one GPU node holds every GPU: in-graph, mirrored engine
     (C((8, 4)), None, None, "in-graph", {"devices": 4, "engine": "mirrored", "use_gpu": True}),
-    (C((8, 4), (8, 4)), 4, None, "in-graph",
-     {"devices": 4, "engine": "mirrored", "use_gpu": True}),
+    (C((8, 4), (8, 4)), 4, None, "in-graph", {"devices": 4, "engine": "mirrored", "use_gpu": True}),
     # GPUs spread over nodes: all-reduce, as many devices per worker as fit
     (C((8, 4), (8, 4)), None, None, "all-reduce", {"workers": 2, "devices": 4, "use_gpu": True}),
     (C((4, 1), (4, 1)), None, None, "all-reduce", {"workers": 2, "devices": 1, "use_gpu": True}),
     (C((8, 4), (8, 2)), 6, None, "all-reduce", {"workers": 3, "devices": 2, "use_gpu": True}),
-    (C((2, 0), (4, 2), (4, 2)), None, None, "all-reduce",
-     {"workers": 2, "devices": 2, "use_gpu": True}),
+    (
+        C((2, 0), (4, 2), (4, 2)),
+        None,
+        None,
+        "all-reduce",
+        {"workers": 2, "devices": 2, "use_gpu": True},
+    ),
     # use_gpu=False on a GPU cluster trains on CPUs
     (C((4, 2)), 2, False, "in-graph", {"devices": 2, "engine": "towers", "use_gpu": False}),
 ]
@@ -74,12 +83,15 @@ def test_empty_cluster():
         choose_layout(ClusterInfo(()), 1)
 
 
-@pytest.mark.parametrize(("bundles", "nodes", "fits"), [
-    ([{"CPU": 1, "GPU": 2}], [(4, 2)], True),
-    ([{"CPU": 1, "GPU": 2}], [(4, 1), (4, 1)], False),
-    ([{"CPU": 1, "GPU": 1}] * 2, [(4, 1), (4, 1)], True),
-    ([{"CPU": 3}] * 2, [(4, 0), (2, 0)], False),
-    ([{"CPU": 2}, {"CPU": 4}], [(4, 0), (2, 0)], True),
-])
+@pytest.mark.parametrize(
+    ("bundles", "nodes", "fits"),
+    [
+        ([{"CPU": 1, "GPU": 2}], [(4, 2)], True),
+        ([{"CPU": 1, "GPU": 2}], [(4, 1), (4, 1)], False),
+        ([{"CPU": 1, "GPU": 1}] * 2, [(4, 1), (4, 1)], True),
+        ([{"CPU": 3}] * 2, [(4, 0), (2, 0)], False),
+        ([{"CPU": 2}, {"CPU": 4}], [(4, 0), (2, 0)], True),
+    ],
+)
 def test_bundles_fit(bundles, nodes, fits):
     assert bundles_fit(bundles, C(*nodes)) is fits

@@ -17,14 +17,18 @@ def arrays(n: int = EXAMPLES, seed: int = 0):
 def mlp():
     import keras
 
-    model = keras.Sequential([
-        keras.Input((FEATURES,)),
-        keras.layers.Dense(16, activation="relu"),
-        keras.layers.Dense(CLASSES),
-    ])
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+    model = keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(CLASSES),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
     return model
 
 
@@ -59,13 +63,18 @@ def dict_io_model():
     a = keras.Input((4,), name="a")
     b = keras.Input((8,), name="b")
     h = keras.layers.Dense(16, activation="relu")(keras.layers.Concatenate()([a, b]))
-    model = keras.Model({"a": a, "b": b},
-                        {"cls": keras.layers.Dense(CLASSES, name="cls")(h),
-                         "reg": keras.layers.Dense(1, name="reg")(h)})
-    model.compile(optimizer="adam",
-                  loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                        "reg": "mse"},
-                  metrics={"cls": ["accuracy"]})
+    model = keras.Model(
+        {"a": a, "b": b},
+        {
+            "cls": keras.layers.Dense(CLASSES, name="cls")(h),
+            "reg": keras.layers.Dense(1, name="reg")(h),
+        },
+    )
+    model.compile(
+        optimizer="adam",
+        loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "reg": "mse"},
+        metrics={"cls": ["accuracy"]},
+    )
     return model
 
 
@@ -93,8 +102,9 @@ def batchnorm_subclassed():
             return self.out(self.norm(self.hidden(x), training=training))
 
     model = Net()
-    model.compile(optimizer="adam",
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     return model
 
 

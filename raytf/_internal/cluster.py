@@ -44,8 +44,9 @@ class ClusterInfo:
     @classmethod
     def from_counts(cls, *nodes: tuple[float, float]) -> ClusterInfo:
         """Build a snapshot from (cpus, gpus) pairs; handy for tests and `raytf plan --nodes`."""
-        return cls(tuple(Node(f"node{i}", f"10.0.0.{i + 1}", c, g)
-                         for i, (c, g) in enumerate(nodes)))
+        return cls(
+            tuple(Node(f"node{i}", f"10.0.0.{i + 1}", c, g) for i, (c, g) in enumerate(nodes))
+        )
 
 
 def cluster_from_ray_nodes(ray_nodes: Iterable[Mapping]) -> ClusterInfo:
@@ -55,12 +56,14 @@ def cluster_from_ray_nodes(ray_nodes: Iterable[Mapping]) -> ClusterInfo:
         if not raw.get("Alive", False):
             continue
         res = raw.get("Resources", {})
-        nodes.append(Node(
-            node_id=raw.get("NodeID", ""),
-            address=raw.get("NodeManagerAddress", ""),
-            cpus=float(res.get("CPU", 0)),
-            gpus=float(res.get("GPU", 0)),
-        ))
+        nodes.append(
+            Node(
+                node_id=raw.get("NodeID", ""),
+                address=raw.get("NodeManagerAddress", ""),
+                cpus=float(res.get("CPU", 0)),
+                gpus=float(res.get("GPU", 0)),
+            )
+        )
     return ClusterInfo(tuple(nodes))
 
 

@@ -42,12 +42,18 @@ def _unwrap(exc: Exception, name: str) -> Exception:
         cause = exc.cause
         if isinstance(cause, RaytfError):
             return cause
-        return WorkerError(f"{name} failed: {cause!r}", worker=name,
-                           error_type=type(cause).__name__, remote_traceback=str(exc))
+        return WorkerError(
+            f"{name} failed: {cause!r}",
+            worker=name,
+            error_type=type(cause).__name__,
+            remote_traceback=str(exc),
+        )
     if isinstance(exc, ray.exceptions.RayActorError):
         return WorkerError(
-            f"{name} died (its process exited or was killed): {exc}", worker=name,
-            error_type=type(exc).__name__)
+            f"{name} died (its process exited or was killed): {exc}",
+            worker=name,
+            error_type=type(exc).__name__,
+        )
     return exc
 
 
@@ -66,19 +72,24 @@ class WorkerGroup:
             name = f"worker-{i}" if self.layout.num_workers > 1 else "worker"
             if self.placement is not None:
                 strategy = PlacementGroupSchedulingStrategy(
-                    self.placement, placement_group_bundle_index=i,
-                    placement_group_capture_child_tasks=True)
+                    self.placement,
+                    placement_group_bundle_index=i,
+                    placement_group_capture_child_tasks=True,
+                )
             else:  # inside a caller's placement group (a Tune trial): actors land in it
                 strategy = None
             actor = remote_cls.options(
-                num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
-                max_restarts=0, scheduling_strategy=strategy,
+                num_cpus=bundle.get("CPU", 0),
+                num_gpus=bundle.get("GPU", 0),
+                max_restarts=0,
+                scheduling_strategy=strategy,
             ).remote(name)
             self.actors.append(actor)
             self.names.append(name)
 
-    def call(self, method: str, args: Sequence[tuple] | None, timeout_s: float,
-             phase: str) -> list[Any]:
+    def call(
+        self, method: str, args: Sequence[tuple] | None, timeout_s: float, phase: str
+    ) -> list[Any]:
         """Call ``method`` on every actor; fail fast on the first error, bounded by a timeout."""
         args = args if args is not None else [()] * len(self.actors)
         refs = [getattr(a, method).remote(*a_args) for a, a_args in zip(self.actors, args)]
@@ -86,8 +97,9 @@ class WorkerGroup:
         pending = list(refs)
         deadline = time.monotonic() + timeout_s
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1,
-                                      timeout=max(0.0, deadline - time.monotonic()))
+            ready, pending = ray.wait(
+                pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+            )
             if not ready:
                 missing = sorted(self.names[index[r]] for r in pending)
                 raise StartupTimeoutError(self._timeout_message(phase, timeout_s, missing))
@@ -101,14 +113,16 @@ class WorkerGroup:
     def _timeout_message(phase: str, timeout_s: float, missing: list[str]) -> str:
         hints = {
             "start": "actors did not start (a node too slow to import TensorFlow, or a "
-                     "model/data function that hangs); raise Timeouts(start_s=...)",
+            "model/data function that hangs); raise Timeouts(start_s=...)",
             "peers": "TensorFlow peers did not connect: a peer is missing or the nodes cannot "
-                     "open TCP connections to each other on ephemeral ports (check firewalls, "
-                     "`raytf doctor`); raise Timeouts(peers_s=...) for slow networks",
+            "open TCP connections to each other on ephemeral ports (check firewalls, "
+            "`raytf doctor`); raise Timeouts(peers_s=...) for slow networks",
             "epoch": "an epoch did not finish; raise Timeouts(epoch_s=...) for long epochs",
         }
-        return (f"{', '.join(missing)} did not finish '{phase}' within {timeout_s:g}s: "
-                f"{hints.get(phase, phase)}. Every actor of the run was stopped.")
+        return (
+            f"{', '.join(missing)} did not finish '{phase}' within {timeout_s:g}s: "
+            f"{hints.get(phase, phase)}. Every actor of the run was stopped."
+        )
 
     def shutdown(self) -> None:
         for actor in self.actors:
@@ -136,9 +150,16 @@ def reserve(layout: Layout, timeout_s: float) -> PlacementGroup | None:
 class Coordinator:
     """Runs one layout end to end. ``group_cls`` is the swap point for tests."""
 
-    def __init__(self, layout: Layout, job: Job, timeouts: Timeouts, explanation: str,
-                 callbacks: Sequence[Callback] = (), group_cls: type[WorkerGroup] = WorkerGroup,
-                 model_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        job: Job,
+        timeouts: Timeouts,
+        explanation: str,
+        callbacks: Sequence[Callback] = (),
+        group_cls: type[WorkerGroup] = WorkerGroup,
+        model_dir: str | None = None,
+    ) -> None:
         self.layout = layout
         self.job = job
         self.timeouts = timeouts
@@ -159,8 +180,9 @@ class Coordinator:
                     addresses = group.call("reserve_address", None, t.start_s, "start")
                 specs = self.layout.strategy_specs(addresses)
                 try:
-                    devices = group.call("start_strategy", [(s,) for s in specs], t.peers_s,
-                                         "peers")
+                    devices = group.call(
+                        "start_strategy", [(s,) for s in specs], t.peers_s, "peers"
+                    )
                 except WorkerError as exc:
                     if BIND_FAILURE in str(exc) and attempt < BIND_ATTEMPTS:
                         raise _PortTaken() from exc
@@ -187,8 +209,16 @@ class Coordinator:
                 val_steps = job.validation_steps or min(i["validation_steps"] for i in infos)
             start_epoch = infos[0]["start_epoch"]
             workers = tuple({**r, **d} for r, d in zip(ready, devices))
-            run_info = RunInfo(self.layout, self.explanation, job.epochs, start_epoch, steps,
-                               val_steps, job.global_batch_size, workers)
+            run_info = RunInfo(
+                self.layout,
+                self.explanation,
+                job.epochs,
+                start_epoch,
+                steps,
+                val_steps,
+                job.global_batch_size,
+                workers,
+            )
             for cb in self.callbacks:
                 cb.on_fit_start(run_info)
 
@@ -197,8 +227,9 @@ class Coordinator:
             global_step = 0
             for epoch in range(start_epoch, job.epochs):
                 t0 = time.perf_counter()
-                results = group.call("run_epoch", [(epoch, steps, val_steps)] * len(workers),
-                                     t.epoch_s, "epoch")
+                results = group.call(
+                    "run_epoch", [(epoch, steps, val_steps)] * len(workers), t.epoch_s, "epoch"
+                )
                 seconds = time.perf_counter() - t0
                 logs = _mean_logs([r["logs"] for r in results])
                 logs["examples_per_second"] = steps * job.global_batch_size / seconds
@@ -212,8 +243,9 @@ class Coordinator:
                     for cb in self.callbacks:
                         cb.on_checkpoint(epoch, checkpoint)
 
-            finals = group.call("final", [(i == 0,) for i in range(len(workers))],
-                                t.start_s, "final")
+            finals = group.call(
+                "final", [(i == 0,) for i in range(len(workers))], t.start_s, "final"
+            )
         finally:
             if group is not None:
                 group.shutdown()
@@ -225,8 +257,12 @@ class Coordinator:
         throughputs = [f["throughput"] for f in finals]
         firsts = [f["first_step_at"] for f in finals if f["first_step_at"]]
         worker_rows = [
-            {**w, "fingerprint": f["fingerprint"], "throughput": f["throughput"],
-             **({"model_save_error": f["model_save_error"]} if "model_save_error" in f else {})}
+            {
+                **w,
+                "fingerprint": f["fingerprint"],
+                "throughput": f["throughput"],
+                **({"model_save_error": f["model_save_error"]} if "model_save_error" in f else {}),
+            }
             for w, f in zip(workers, finals)
         ]
         result = FitResult(

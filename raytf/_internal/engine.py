@@ -96,8 +96,13 @@ def _describe_spec(spec: Any) -> str:
 class Engine:
     """Builds the model and data under a strategy and runs epochs; one per worker actor."""
 
-    def __init__(self, spec: StrategySpec, job: Job, devices: list[str],
-                 strategy: tf.distribute.Strategy | None) -> None:
+    def __init__(
+        self,
+        spec: StrategySpec,
+        job: Job,
+        devices: list[str],
+        strategy: tf.distribute.Strategy | None,
+    ) -> None:
         self.spec = spec
         self.job = job
         self.devices = devices
@@ -165,8 +170,11 @@ class Engine:
         if given:
             if self.job.loss is None:
                 raise ConfigError("optimizer= was passed without loss=; pass both.")
-            model.compile(optimizer=self.job.optimizer or "adam", loss=self.job.loss,
-                          metrics=list(self.job.metrics) or None)
+            model.compile(
+                optimizer=self.job.optimizer or "adam",
+                loss=self.job.loss,
+                metrics=list(self.job.metrics) or None,
+            )
         elif not compiled:
             raise ConfigError(
                 "The model function returned a model that is not compiled and no loss= was "
@@ -175,8 +183,9 @@ class Engine:
             )
         return model
 
-    def _dataset(self, fn: Callable[[InputContext], Any], what: str,
-                 ctx: InputContext) -> tuple[tf.data.Dataset, int | None]:
+    def _dataset(
+        self, fn: Callable[[InputContext], Any], what: str, ctx: InputContext
+    ) -> tuple[tf.data.Dataset, int | None]:
         ds = fn(ctx)
         if not isinstance(ds, tf.data.Dataset):
             raise ConfigError(
@@ -232,7 +241,8 @@ class Engine:
             expected = tuple(w.shape)[1:]
             shape = tuple(g.shape)
             if len(shape) == len(expected) + 1 and tf.TensorShape(shape[1:]).is_compatible_with(
-                    expected):
+                expected
+            ):
                 raise ConfigError(
                     f"The {what} dataset looks batched already: an example has shape {shape}, "
                     f"the model expects {expected} per example. Return unbatched examples; "
@@ -283,8 +293,9 @@ class Engine:
             y_pred, loss, grads = self._forward_backward(x, y, sw)
             self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
             # Keras scaled the loss by 1/replicas for the gradient sum; report the mean.
-            self._loss.update_state(loss * self.strategy.num_replicas_in_sync,
-                                    sample_weight=_batch_size_of(x))
+            self._loss.update_state(
+                loss * self.strategy.num_replicas_in_sync, sample_weight=_batch_size_of(x)
+            )
             self.model.compute_metrics(x, y, y_pred, sample_weight=sw)
 
         self.strategy.run(step, args=(data,))
@@ -369,8 +380,9 @@ class Engine:
             logs.update(self._read_metrics("val_"))
         self._epoch.assign(epoch + 1)
         checkpoint = None
-        if self._manager is not None and ((epoch + 1) % self.job.checkpoint_every == 0
-                                          or epoch + 1 == self.job.epochs):
+        if self._manager is not None and (
+            (epoch + 1) % self.job.checkpoint_every == 0 or epoch + 1 == self.job.epochs
+        ):
             checkpoint = self._save_checkpoint()
         return {
             "logs": logs,
@@ -394,8 +406,7 @@ class Engine:
         directory = self.job.checkpoint_dir
         if not directory:
             return 0
-        ckpt = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
-                                   epoch=self._epoch)
+        ckpt = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, epoch=self._epoch)
         start = 0
         if self.job.resume:
             latest = tf.train.latest_checkpoint(directory)
@@ -424,8 +435,11 @@ class Engine:
         return digest.hexdigest()
 
     def final(self, with_model: bool) -> dict[str, Any]:
-        out: dict[str, Any] = {"fingerprint": self.fingerprint(), "throughput": self.throughput,
-                               "first_step_at": self.first_step_at}
+        out: dict[str, Any] = {
+            "fingerprint": self.fingerprint(),
+            "throughput": self.throughput,
+            "first_step_at": self.first_step_at,
+        }
         if with_model:
             out["weights"] = self.model.get_weights()
             with tempfile.TemporaryDirectory() as tmp:

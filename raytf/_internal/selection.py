@@ -26,8 +26,9 @@ class Choice:
     explanation: str = ""
 
 
-def _largest_fitting_split(replicas: int, per_device: str, cluster: ClusterInfo,
-                           cpus_per_worker: float) -> int | None:
+def _largest_fitting_split(
+    replicas: int, per_device: str, cluster: ClusterInfo, cpus_per_worker: float
+) -> int | None:
     """Largest devices-per-worker d dividing ``replicas`` whose workers all fit; None if none."""
     for d in sorted((d for d in range(1, replicas + 1) if replicas % d == 0), reverse=True):
         workers = replicas // d
@@ -80,8 +81,10 @@ def choose_layout(
     gpus_total = int(cluster.total_gpus)
     use_gpu = resolve_use_gpu(cluster, use_gpu)
     device = "GPU" if use_gpu else "CPU"
-    facts = (f"cluster: {cluster.describe()}; largest node: "
-             f"{cluster.max_cpus_per_node:g} CPU, {cluster.max_gpus_per_node:g} GPU")
+    facts = (
+        f"cluster: {cluster.describe()}; largest node: "
+        f"{cluster.max_cpus_per_node:g} CPU, {cluster.max_gpus_per_node:g} GPU"
+    )
 
     defaulted = ""
     if replicas is None:
@@ -89,14 +92,15 @@ def choose_layout(
         defaulted = f" ({why})"
 
     per_node = cluster.max_gpus_per_node if use_gpu else cluster.max_cpus_per_node
-    one_node_bundle = ({"CPU": cpus_per_worker, "GPU": replicas} if use_gpu
-                       else {"CPU": float(replicas)})
+    one_node_bundle = (
+        {"CPU": cpus_per_worker, "GPU": replicas} if use_gpu else {"CPU": float(replicas)}
+    )
     if replicas <= per_node and bundles_fit([one_node_bundle], cluster):
         engine = "mirrored" if use_gpu else "towers"
         why_engine = (
             "engine 'mirrored' (MirroredStrategy with NCCL all-reduce between the GPUs)"
-            if use_gpu else
-            "engine 'towers' (one tower per logical CPU device in one tf.function; measured "
+            if use_gpu
+            else "engine 'towers' (one tower per logical CPU device in one tf.function; measured "
             "about 2x faster than MirroredStrategy on CPU)"
         )
         return Choice(

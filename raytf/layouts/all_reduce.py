@@ -84,9 +84,15 @@ class AllReduce(Layout):
             )
         cluster = cluster_spec(workers=addresses)
         return [
-            StrategySpec(kind=MULTI_WORKER, devices=self.devices, use_gpu=self.use_gpu,
-                         worker_index=i, num_workers=self.workers, cluster=cluster,
-                         communication=self.resolved_communication)
+            StrategySpec(
+                kind=MULTI_WORKER,
+                devices=self.devices,
+                use_gpu=self.use_gpu,
+                worker_index=i,
+                num_workers=self.workers,
+                cluster=cluster,
+                communication=self.resolved_communication,
+            )
             for i in range(self.workers)
         ]
 
@@ -102,5 +108,7 @@ class AllReduce(Layout):
 
     def describe(self) -> str:
         kind = "GPU" if self.use_gpu else "CPU"
-        return (f"all-reduce ({self.resolved_communication.upper()}): {self.workers} actor(s) "
-                f"x {self.devices} {kind} device(s)")
+        return (
+            f"all-reduce ({self.resolved_communication.upper()}): {self.workers} actor(s) "
+            f"x {self.devices} {kind} device(s)"
+        )

@@ -65,8 +65,7 @@ class InGraph(Layout):
         return [{"CPU": float(max(self.devices, self.cpus_per_worker))}]
 
     def strategy_specs(self, addresses: list[str] | None) -> list[StrategySpec]:
-        return [StrategySpec(kind=self.resolved_engine, devices=self.devices,
-                             use_gpu=self.use_gpu)]
+        return [StrategySpec(kind=self.resolved_engine, devices=self.devices, use_gpu=self.use_gpu)]
 
     @classmethod
     def for_replicas(cls, replicas: int, use_gpu: bool, **options: Any) -> InGraph:

@@ -1,0 +1,207 @@
+"""``raytf run EXPERIMENT`` trains; ``raytf plan`` says which layout would run, and why."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from raytf.errors import RaytfError, WorkerError
+
+
+def _nodes(text: str) -> Any:
+    """``--nodes 8:4,8:4`` -> a hypothetical cluster of (cpus, gpus) nodes."""
+    from raytf._internal.cluster import ClusterInfo
+
+    try:
+        pairs = [tuple(float(v) for v in part.split(":")) for part in text.split(",")]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected CPUS:GPUS per node, comma-separated (e.g. 8:4,8:4), got {text!r}"
+        ) from None
+    return ClusterInfo.from_counts(*pairs)
+
+
+def _gpu_flag(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--use-gpu",
+        dest="use_gpu",
+        action="store_const",
+        const=True,
+        help="train on GPUs (fail fast if the cluster has none)",
+    )
+    group.add_argument(
+        "--no-gpu",
+        dest="use_gpu",
+        action="store_const",
+        const=False,
+        help="train on CPUs even on a GPU cluster",
+    )
+
+
+def _layout_flags(parser: argparse.ArgumentParser) -> None:
+    from raytf.layouts import layout_names
+
+    parser.add_argument("--layout", help=f"auto (default) or one of {layout_names()}")
+    parser.add_argument("--replicas", type=int, help="total replicas (devices) to train on")
+    parser.add_argument("--workers", type=int, help="all-reduce: worker actors")
+    parser.add_argument(
+        "--devices",
+        type=int,
+        help="devices per actor (in-graph: all of them; all-reduce: per worker)",
+    )
+    parser.add_argument("--engine", choices=["auto", "towers", "mirrored"], help="in-graph engine")
+    _gpu_flag(parser)
+    parser.add_argument(
+        "--address",
+        default=os.environ.get("RAYTF_ADDRESS"),
+        help="Ray address: 'auto' for a running cluster; default: start a "
+        "local Ray inside this process",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="raytf", description="Distributed TensorFlow on Ray, with the layout chosen for you."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="train an experiment file")
+    run.add_argument("experiment", help="a .py file (model, data) or a .yaml naming one")
+    _layout_flags(run)
+    run.add_argument("--epochs", type=int)
+    run.add_argument("--batch", dest="global_batch_size", type=int, help="global batch size")
+    run.add_argument("--steps-per-epoch", type=int)
+    run.add_argument("--checkpoint-dir", help="write checkpoints and model.keras here")
+    run.add_argument(
+        "--resume",
+        action="store_const",
+        const=True,
+        help="resume from the latest checkpoint in --checkpoint-dir",
+    )
+    run.add_argument("--seed", type=int)
+    run.add_argument("--quiet", action="store_true", help="no per-epoch progress")
+
+    plan = sub.add_parser("plan", help="print the layout raytf would choose, without training")
+    plan.add_argument("experiment", nargs="?", help="optional: take layout settings from it")
+    _layout_flags(plan)
+    plan.add_argument(
+        "--nodes",
+        type=_nodes,
+        help="plan for a hypothetical cluster instead, e.g. --nodes 8:4,8:4 "
+        "(CPUS:GPUS per node); needs no Ray",
+    )
+
+    sub.add_parser("layouts", help="list the registered layout names")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    keys = (
+        "layout",
+        "replicas",
+        "workers",
+        "devices",
+        "engine",
+        "use_gpu",
+        "epochs",
+        "global_batch_size",
+        "steps_per_epoch",
+        "checkpoint_dir",
+        "resume",
+        "seed",
+    )
+    return {k: getattr(args, k, None) for k in keys}
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    import raytf
+    from raytf._internal.experiment import Experiment, layout_from_config, load_experiment
+
+    if args.experiment:
+        experiment = load_experiment(args.experiment)
+    else:
+        experiment = Experiment(path="<flags>", model=print, data=print)
+    config = experiment.with_overrides(_overrides(args)).config
+    if args.nodes is not None:
+        cluster = args.nodes
+    else:
+        raytf.api.connect(args.address)
+        cluster = raytf.api.current_cluster()
+    layout = layout_from_config(config, cluster)
+    replicas = config.get("replicas") if isinstance(layout, str) else None
+    use_gpu = config.get("use_gpu") if isinstance(layout, str) else None
+    print(raytf.plan(layout, replicas=replicas, use_gpu=use_gpu, cluster=cluster))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import raytf
+    from raytf._internal.experiment import fit_kwargs, load_experiment
+
+    experiment = load_experiment(args.experiment).with_overrides(_overrides(args))
+    raytf.api.connect(args.address)
+    kwargs = fit_kwargs(experiment, raytf.api.current_cluster())
+    result = raytf.fit(
+        experiment.model,
+        experiment.data,
+        validation_data=experiment.validation_data,
+        verbose=not args.quiet,
+        **kwargs,
+    )
+    first = result.time_to_first_step_s
+    print(
+        f"raytf: done: {result.epochs_trained} epoch(s), {result.global_step} steps in "
+        f"{result.wall_time_s:.1f}s; first step after {first:.1f}s; "
+        f"{result.throughput or 0:,.0f} examples/s "
+        f"(per worker: {', '.join(f'{t or 0:,.0f}' for t in result.worker_throughput)})"
+    )
+    if result.model_path:
+        print(f"raytf: model saved to {result.model_path}")
+    if experiment.evaluate is None:
+        return 0
+    scores = dict(experiment.evaluate(result.load_model()))
+    print("raytf: evaluation: " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+    missed = {
+        k: (scores.get(k), want)
+        for k, want in experiment.targets.items()
+        if scores.get(k) is None or scores[k] < want
+    }
+    if missed:
+        for key, (got, want) in missed.items():
+            print(f"raytf: target missed: {key} = {got} (wanted >= {want})", file=sys.stderr)
+        return 1
+    if experiment.targets:
+        print(
+            "raytf: targets met: " + ", ".join(f"{k} >= {v}" for k, v in experiment.targets.items())
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # evaluate() imports TF in the driver
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "layouts":
+            from raytf.layouts import layout_names
+
+            print("\n".join(["auto", *layout_names()]))
+            return 0
+        if args.command == "plan":
+            return _cmd_plan(args)
+        return _cmd_run(args)
+    except WorkerError as exc:
+        print(f"raytf: error: {exc}", file=sys.stderr)
+        return 1
+    except RaytfError as exc:
+        print(f"raytf: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
