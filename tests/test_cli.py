@@ -1,0 +1,74 @@
+"""The command line, run as a user runs it: a subprocess of the installed `raytf` script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RAYTF = os.path.join(os.path.dirname(sys.executable), "raytf")
+
+
+def raytf(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [RAYTF, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
+
+
+def test_plan_for_a_hypothetical_cluster_needs_no_ray():
+    out = raytf("plan", "--nodes", "16:8,16:8", "--replicas", "16")
+    assert out.returncode == 0, out.stderr
+    assert "all-reduce (NCCL): 2 actor(s) x 8 GPU device(s)" in out.stdout
+    assert "do not fit on one node" in out.stdout
+
+
+def test_plan_refuses_what_can_never_fit():
+    out = raytf("plan", "--nodes", "8:2", "--replicas", "8", "--use-gpu")
+    assert out.returncode == 2
+    assert "8 GPU replica(s) can never be placed" in out.stderr
+
+
+def test_layouts_lists_the_registry():
+    out = raytf("layouts")
+    assert out.stdout.split() == ["auto", "all-reduce", "in-graph", "mirrored", "towers"]
+
+
+def test_missing_experiment_file():
+    out = raytf("run", "experiments/nope.py")
+    assert out.returncode == 2 and "does not exist" in out.stderr
+
+
+def test_yaml_with_an_unknown_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"experiment: {ROOT}/experiments/digits.py\nconfig:\n  epoch: 3\n")
+    out = raytf("run", str(bad))
+    assert out.returncode == 2
+    assert "Unknown key(s) ['epoch']" in out.stderr and "'epochs'" in out.stderr
+
+
+def test_shaping_flags_need_a_named_layout():
+    out = raytf("plan", "--nodes", "4:0", "--workers", "2")
+    assert out.returncode == 2 and "shape a named layout" in out.stderr
+
+
+@pytest.mark.slow
+def test_run_yaml_experiment_all_reduce_and_miss_the_target(tmp_path):
+    exp = tmp_path / "short.yaml"
+    exp.write_text(
+        f"experiment: {ROOT}/experiments/digits.py\n"
+        "config: {epochs: 1, layout: all-reduce, workers: 2}\n"
+        "targets: {test_accuracy: 0.999}\n"
+    )
+    out = raytf("run", str(exp), "--checkpoint-dir", str(tmp_path / "ck"))
+    assert "all-reduce (RING): 2 actor(s)" in out.stdout, out.stderr[-2000:]
+    assert "epoch 1/1" in out.stdout and "raytf: evaluation: test_accuracy" in out.stdout
+    assert out.returncode == 1 and "target missed: test_accuracy" in out.stderr
+    assert (tmp_path / "ck" / "model.keras").exists()

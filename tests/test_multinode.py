@@ -1,0 +1,83 @@
+"""Auto selection and placement on a simulated multi-node cluster with declared (fake) GPUs.
+
+Nodes: a CPU-only head, two workers with 1 GPU each and one with 2 GPUs. TensorFlow here is
+CPU-only, so actors train on logical CPU devices standing in for the GPUs Ray gave them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import workloads
+
+import raytf
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    one_gpu = [c.add_node(num_cpus=2, num_gpus=1) for _ in range(2)]
+    two_gpu = c.add_node(num_cpus=2, num_gpus=2)
+    c.wait_for_nodes()
+    ray.init(address=c.address, logging_level="WARNING")
+    yield {"one_gpu": {n.node_id for n in one_gpu}, "two_gpu": two_gpu.node_id}
+    ray.shutdown()
+    c.shutdown()
+
+
+def test_plan_spans_nodes_when_gpus_do_not_fit_one(cluster):
+    plan = raytf.plan()  # default: every GPU, 4, but no node has 4
+    # Workers need equal device counts: 2+2 would need two 2-GPU nodes, so 4 workers x 1.
+    assert plan.layout == raytf.AllReduce(workers=4, devices=1, use_gpu=True)
+    assert "4 GPU replica(s)" in plan.explanation and "4 node(s)" in plan.explanation
+
+
+def test_impossible_request_is_refused_at_once(cluster):
+    with pytest.raises(raytf.PlacementError, match=r"8 GPU replica\(s\) can never be placed"):
+        raytf.plan(replicas=8)
+
+
+def test_in_graph_actor_lands_on_the_node_with_both_gpus(cluster):
+    result = raytf.fit(
+        workloads.mlp,
+        workloads.data,
+        global_batch_size=64,
+        epochs=1,
+        replicas=2,
+        verbose=False,
+    )
+    assert result.layout == raytf.InGraph(devices=2, engine="mirrored", use_gpu=True)
+    (worker,) = result.workers
+    assert worker["node_id"] == cluster["two_gpu"]
+    assert sorted(worker["gpu_ids"]) == ["0", "1"]
+    assert worker["cuda_visible_devices"] in ("0,1", "1,0")
+    assert len(worker["devices"]) == 2 and "stand-in" in worker["device_kind"]
+
+
+def test_all_reduce_workers_spread_over_the_one_gpu_nodes(cluster):
+    layout = raytf.AllReduce(workers=2, devices=1, use_gpu=True)
+    # Hold the 2-GPU node so the two workers must take the 1-GPU nodes.
+    import ray
+
+    hog = ray.remote(num_gpus=2)(type("Hog", (), {"ping": lambda self: 1})).remote()
+    ray.get(hog.ping.remote())
+    try:
+        result = raytf.fit(
+            workloads.mlp,
+            workloads.data,
+            global_batch_size=64,
+            epochs=2,
+            layout=layout,
+            verbose=False,
+        )
+    finally:
+        ray.kill(hog)
+    nodes = {w["node_id"] for w in result.workers}
+    assert nodes == cluster["one_gpu"]  # one worker on each 1-GPU node
+    assert all(len(w["gpu_ids"]) == 1 for w in result.workers)
+    assert len({w["fingerprint"] for w in result.workers}) == 1
+    assert result.history["loss"][-1] < result.history["loss"][0]
