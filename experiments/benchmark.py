@@ -38,7 +38,7 @@ RESULT_MARKER = "BENCHMARK_RESULT "
 WORKLOADS = ("mlp", "cnn")
 # Defaults sized so both workloads x 7 runners take roughly 5-8 minutes on 2 cores:
 # the fixed costs (TF import, Ray start, actors, Ray Train's ~10 s start) dominate.
-DEFAULT_STEPS = {"mlp": 300, "cnn": 60}
+DEFAULT_STEPS = {"mlp": 400, "cnn": 100}
 
 
 @dataclass(frozen=True)
@@ -68,21 +68,32 @@ def build_model(workload: str, optimizer: str) -> Any:
     import keras
 
     if workload == "mlp":
-        layers = [keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
-                  keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)]
+        layers = [
+            keras.Input((784,)),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(10),
+        ]
     elif workload == "cnn":
-        layers = [keras.Input((28, 28, 1)),
-                  keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.MaxPooling2D(),
-                  keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
-                  keras.layers.Flatten(), keras.layers.Dense(10)]
+        layers = [
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(10),
+        ]
     else:
         raise ValueError(f"unknown workload {workload!r}")
     model = keras.Sequential(layers, name=workload)
-    opt = (keras.optimizers.Adam(1e-3) if optimizer == "adam"
-           else keras.optimizers.SGD(0.01, momentum=0.9))
+    opt = (
+        keras.optimizers.Adam(1e-3)
+        if optimizer == "adam"
+        else keras.optimizers.SGD(0.01, momentum=0.9)
+    )
     # No compiled metrics: bare-tf tracks only the loss, so every runner does the same work.
-    model.compile(optimizer=opt,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
 
@@ -111,10 +122,15 @@ def make_data(workload: str, ctx: Any) -> Any:
 def _job(args: argparse.Namespace) -> Any:
     from raytf._internal.job import Job
 
-    return Job(model_fn=partial(build_model, args.workload, args.optimizer),
-               data_fn=partial(make_data, args.workload), global_batch_size=GLOBAL_BATCH,
-               epochs=args.epochs, steps_per_epoch=args.steps,
-               steps_per_execution=args.spe, seed=MODEL_SEED)
+    return Job(
+        model_fn=partial(build_model, args.workload, args.optimizer),
+        data_fn=partial(make_data, args.workload),
+        global_batch_size=GLOBAL_BATCH,
+        epochs=args.epochs,
+        steps_per_epoch=args.steps,
+        steps_per_execution=args.spe,
+        seed=MODEL_SEED,
+    )
 
 
 # ----------------------------------------------------------------------- runners (child)
@@ -133,8 +149,12 @@ def run_bare_tf(args: argparse.Namespace) -> dict[str, Any]:
     optimizer = model.optimizer
     optimizer.build(model.trainable_variables)  # create slots before tracing
     x, y = make_arrays(args.workload)
-    ds = (tf.data.Dataset.from_tensor_slices((x, y)).repeat()
-          .batch(GLOBAL_BATCH, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+    ds = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .repeat()
+        .batch(GLOBAL_BATCH, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
     iterator = iter(ds)
     mean_loss = keras.metrics.Mean()
 
@@ -166,9 +186,12 @@ def run_bare_tf(args: argparse.Namespace) -> dict[str, Any]:
                 steady_s += time.perf_counter() - t
             done += n
     wall = time.time() - t0
-    return {"throughput": steady_steps * GLOBAL_BATCH / steady_s if steady_s else None,
-            "first_step_s": first_step_at - t0 if first_step_at else None, "wall_s": wall,
-            "loss": float(mean_loss.result())}
+    return {
+        "throughput": steady_steps * GLOBAL_BATCH / steady_s if steady_s else None,
+        "first_step_s": first_step_at - t0 if first_step_at else None,
+        "wall_s": wall,
+        "loss": float(mean_loss.result()),
+    }
 
 
 def run_engine(kind: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -180,37 +203,57 @@ def run_engine(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.time()  # TensorFlow is imported already: raytf's actors import it before fit too
     eng, epochs = run_in_process(StrategySpec(kind=kind, devices=2), job)
     wall = time.time() - t0
-    return {"throughput": eng.throughput,
-            "first_step_s": eng.first_step_at - t0 if eng.first_step_at else None,
-            "wall_s": wall, "loss": epochs[-1]["logs"]["loss"]}
+    return {
+        "throughput": eng.throughput,
+        "first_step_s": eng.first_step_at - t0 if eng.first_step_at else None,
+        "wall_s": wall,
+        "loss": epochs[-1]["logs"]["loss"],
+    }
 
 
 def _start_ray(num_cpus: int) -> None:
     import ray
 
     # address="local": never join a cluster someone else (a test suite) started.
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
-             logging_level=logging.ERROR, log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        logging_level=logging.ERROR,
+        log_to_driver=False,
+    )
 
 
 def run_raytf(layout_name: str, args: argparse.Namespace) -> dict[str, Any]:
     """raytf.fit end to end: placement, actors, strategy, epochs, final weights."""
     import raytf
 
-    layouts = {"towers": raytf.InGraph(devices=2, engine="towers"),
-               "mirrored": raytf.InGraph(devices=2, engine="mirrored"),
-               "all-reduce": raytf.AllReduce(workers=2)}
+    layouts = {
+        "towers": raytf.InGraph(devices=2, engine="towers"),
+        "mirrored": raytf.InGraph(devices=2, engine="mirrored"),
+        "all-reduce": raytf.AllReduce(workers=2),
+    }
     t0 = time.time()
-    result = raytf.fit(model=partial(build_model, args.workload, args.optimizer),
-                       data=partial(make_data, args.workload), global_batch_size=GLOBAL_BATCH,
-                       epochs=args.epochs, steps_per_epoch=args.steps,
-                       steps_per_execution=args.spe, layout=layouts[layout_name],
-                       verbose=False, seed=MODEL_SEED)
+    result = raytf.fit(
+        model=partial(build_model, args.workload, args.optimizer),
+        data=partial(make_data, args.workload),
+        global_batch_size=GLOBAL_BATCH,
+        epochs=args.epochs,
+        steps_per_epoch=args.steps,
+        steps_per_execution=args.spe,
+        layout=layouts[layout_name],
+        verbose=False,
+        seed=MODEL_SEED,
+    )
     wall = time.time() - t0
-    return {"throughput": result.throughput, "first_step_s": result.time_to_first_step_s,
-            "wall_s": wall, "loss": result.history["loss"][-1],
-            "worker_throughput": result.worker_throughput,
-            "layout": result.layout.describe()}
+    return {
+        "throughput": result.throughput,
+        "first_step_s": result.time_to_first_step_s,
+        "wall_s": wall,
+        "loss": result.history["loss"][-1],
+        "worker_throughput": result.worker_throughput,
+        "layout": result.layout.describe(),
+    }
 
 
 def _ray_train_loop(config: dict[str, Any]) -> None:
@@ -224,11 +267,22 @@ def _ray_train_loop(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     world = ray.train.get_context().get_world_size()
     cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
-    spec = StrategySpec(kind=MULTI_WORKER, devices=1, worker_index=rank, num_workers=world,
-                        cluster=cluster, communication="auto")
+    spec = StrategySpec(
+        kind=MULTI_WORKER,
+        devices=1,
+        worker_index=rank,
+        num_workers=world,
+        cluster=cluster,
+        communication="auto",
+    )
     eng, epochs = run_in_process(spec, _job(args))
-    out = {"rank": rank, "throughput": eng.throughput, "first_step_at": eng.first_step_at,
-           "loss": epochs[-1]["logs"]["loss"], "pid": os.getpid()}
+    out = {
+        "rank": rank,
+        "throughput": eng.throughput,
+        "first_step_at": eng.first_step_at,
+        "loss": epochs[-1]["logs"]["loss"],
+        "pid": os.getpid(),
+    }
     with open(os.path.join(config["out_dir"], f"rank{rank}.json"), "w") as f:
         json.dump(out, f)  # a file, not ray.train.report: both ranks' figures are needed
 
@@ -258,9 +312,13 @@ def run_ray_train(args: argparse.Namespace) -> dict[str, Any]:
         raise RuntimeError(f"expected 2 worker reports, found {len(ranks)}")
     throughputs = [r["throughput"] for r in ranks]
     firsts = [r["first_step_at"] for r in ranks]
-    return {"throughput": sum(throughputs) if all(throughputs) else None,
-            "first_step_s": max(firsts) - t0 if all(firsts) else None, "wall_s": wall,
-            "loss": ranks[0]["loss"], "worker_throughput": throughputs}
+    return {
+        "throughput": sum(throughputs) if all(throughputs) else None,
+        "first_step_s": max(firsts) - t0 if all(firsts) else None,
+        "wall_s": wall,
+        "loss": ranks[0]["loss"],
+        "worker_throughput": throughputs,
+    }
 
 
 def child_main(args: argparse.Namespace) -> None:
@@ -301,12 +359,14 @@ def child_main(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------- parent
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_DEDUP_LOGS": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_DEDUP_LOGS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.pop("TF_CONFIG", None)  # a leaked TF_CONFIG changes what MirroredStrategy does
     env.pop("RAY_ADDRESS", None)
     return env
@@ -322,12 +382,33 @@ def _short_reason(stderr: str) -> str:
 
 def run_child(runner: str, workload: str, args: argparse.Namespace) -> dict[str, Any]:
     """One runner in a fresh process group; on timeout the whole group (Ray too) is killed."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--runner", runner,
-           "--workload", workload, "--steps", str(args.steps or DEFAULT_STEPS[workload]),
-           "--epochs", str(args.epochs), "--spe", str(args.spe),
-           "--optimizer", args.optimizer, "--num-cpus", str(args.num_cpus)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_env(), start_new_session=True)
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        "--runner",
+        runner,
+        "--workload",
+        workload,
+        "--steps",
+        str(args.steps or DEFAULT_STEPS[workload]),
+        "--epochs",
+        str(args.epochs),
+        "--spe",
+        str(args.spe),
+        "--optimizer",
+        args.optimizer,
+        "--num-cpus",
+        str(args.num_cpus),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -346,7 +427,7 @@ def run_child(runner: str, workload: str, args: argparse.Namespace) -> dict[str,
         sys.stderr.write(f"--- {workload}/{runner} stderr ---\n{stderr}\n")
     for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT_MARKER):
-            return json.loads(line[len(RESULT_MARKER):])
+            return json.loads(line[len(RESULT_MARKER) :])
     return {"error": f"exit {proc.returncode}: {_short_reason(stderr)}"}
 
 
@@ -358,18 +439,27 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         return {"error": errors[0] if errors else "no throughput measured"}
     tps = [r["throughput"] for r in ok]
     firsts = [r["first_step_s"] for r in ok if r.get("first_step_s") is not None]
-    return {"throughput": statistics.median(tps), "min": min(tps), "max": max(tps),
-            "first_step_s": statistics.median(firsts) if firsts else None,
-            "wall_s": statistics.median(r["wall_s"] for r in ok), "ok": len(ok),
-            "runs": len(results)}
+    return {
+        "throughput": statistics.median(tps),
+        "min": min(tps),
+        "max": max(tps),
+        "first_step_s": statistics.median(firsts) if firsts else None,
+        "wall_s": statistics.median(r["wall_s"] for r in ok),
+        "ok": len(ok),
+        "runs": len(results),
+    }
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def build_rows(summary: dict[tuple[str, str], dict[str, Any]], workloads: list[str],
-               runners: list[str], repeats: int) -> tuple[list[str], list[list[str]]]:
+def build_rows(
+    summary: dict[tuple[str, str], dict[str, Any]],
+    workloads: list[str],
+    runners: list[str],
+    repeats: int,
+) -> tuple[list[str], list[list[str]]]:
     header = ["workload", "runner", "examples/s", "vs bare-tf", "first step s", "wall s"]
     if repeats > 1:
         header.insert(3, "range (min-max)")
@@ -380,7 +470,8 @@ def build_rows(summary: dict[tuple[str, str], dict[str, Any]], workloads: list[s
             s = summary[(w, key)]
             label = RUNNER_BY_KEY[key].label
             if "error" in s:
-                row = [w, label, f"failed: {s['error']}", "-", "-", "-"]
+                reason = s["error"] if len(s["error"]) <= 70 else s["error"][:67] + "..."
+                row = [w, label, f"failed: {reason}", "-", "-", "-"]
                 if repeats > 1:
                     row.insert(3, "-")
                 rows.append(row)
@@ -389,8 +480,14 @@ def build_rows(summary: dict[tuple[str, str], dict[str, Any]], workloads: list[s
             tp = f"{s['throughput']:,.0f}"
             if s["ok"] < s["runs"]:
                 tp += f" ({s['ok']}/{s['runs']} ok)"
-            row = [w, label, tp, _fmt(ratio, ".2f") + ("x" if ratio else ""),
-                   _fmt(s["first_step_s"], ".2f"), _fmt(s["wall_s"], ".1f")]
+            row = [
+                w,
+                label,
+                tp,
+                _fmt(ratio, ".2f") + ("x" if ratio else ""),
+                _fmt(s["first_step_s"], ".2f"),
+                _fmt(s["wall_s"], ".1f"),
+            ]
             if repeats > 1:
                 row.insert(3, f"{s['min']:,.0f}-{s['max']:,.0f}")
             rows.append(row)
@@ -405,8 +502,9 @@ def plain_table(header: list[str], rows: list[list[str]]) -> str:
         out = []
         for i, cell in enumerate(cells):
             failed = cell.startswith("failed:")
-            out.append(cell.rjust(widths[i]) if i in numeric and not failed
-                       else cell.ljust(widths[i]))
+            out.append(
+                cell.rjust(widths[i]) if i in numeric and not failed else cell.ljust(widths[i])
+            )
         return "  ".join(out).rstrip()
 
     sep = "  ".join("-" * w for w in widths)
@@ -420,8 +518,9 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def pair_notes(summary: dict[tuple[str, str], dict[str, Any]], workloads: list[str],
-               runners: list[str]) -> list[str]:
+def pair_notes(
+    summary: dict[tuple[str, str], dict[str, Any]], workloads: list[str], runners: list[str]
+) -> list[str]:
     notes = []
     for w in workloads:
         for a, b in PAIRS:
@@ -429,8 +528,10 @@ def pair_notes(summary: dict[tuple[str, str], dict[str, Any]], workloads: list[s
                 ta = summary[(w, a)].get("throughput")
                 tb = summary[(w, b)].get("throughput")
                 if ta and tb:
-                    notes.append(f"{w}: {RUNNER_BY_KEY[a].label} / {RUNNER_BY_KEY[b].label}"
-                                 f" = {ta / tb:.3f} ({(ta / tb - 1) * 100:+.1f}%)")
+                    notes.append(
+                        f"{w}: {RUNNER_BY_KEY[a].label} / {RUNNER_BY_KEY[b].label}"
+                        f" = {ta / tb:.3f} ({(ta / tb - 1) * 100:+.1f}%)"
+                    )
     return notes
 
 
@@ -444,8 +545,10 @@ def machine_facts() -> str:
     tf = version("tensorflow-cpu")
     if tf == "not installed":
         tf = version("tensorflow")
-    return (f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
-            f"TensorFlow {tf}, Keras {version('keras')}, Ray {version('ray')}")
+    return (
+        f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, "
+        f"TensorFlow {tf}, Keras {version('keras')}, Ray {version('ray')}"
+    )
 
 
 def parent_main(args: argparse.Namespace) -> None:
@@ -459,9 +562,12 @@ def parent_main(args: argparse.Namespace) -> None:
     steps = {w: args.steps or DEFAULT_STEPS[w] for w in workloads}
     print(machine_facts())
     print(f"command: {command}")
-    print(f"settings: global batch {GLOBAL_BATCH}, steps/epoch {steps}, epochs {args.epochs}, "
-          f"{args.spe} steps per tf.function call, optimizer {args.optimizer}, "
-          f"repeats {args.repeats}, Ray num_cpus {args.num_cpus}", flush=True)
+    print(
+        f"settings: global batch {GLOBAL_BATCH}, steps/epoch {steps}, epochs {args.epochs}, "
+        f"{args.spe} steps per tf.function call, optimizer {args.optimizer}, "
+        f"repeats {args.repeats}, Ray num_cpus {args.num_cpus}",
+        flush=True,
+    )
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     started = time.time()
     # Repeats are the outer loop so slow drift on a shared machine hits every runner alike.
@@ -472,17 +578,24 @@ def parent_main(args: argparse.Namespace) -> None:
                 res = run_child(key, w, args)
                 results.setdefault((w, key), []).append(res)
                 status = res.get("error") or f"{res.get('throughput') or 0:,.0f} ex/s"
-                print(f"  [{rep + 1}/{args.repeats}] {w:>3} {key:<16} {time.time() - t:5.1f}s"
-                      f"  {status}", file=sys.stderr, flush=True)
+                print(
+                    f"  [{rep + 1}/{args.repeats}] {w:>3} {key:<16} {time.time() - t:5.1f}s"
+                    f"  {status}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     summary = {k: summarize(v) for k, v in results.items()}
     header, rows = build_rows(summary, workloads, runners, args.repeats)
     print()
     print(plain_table(header, rows))
     for note in pair_notes(summary, workloads, runners):
         print(note)
-    print("examples/s: steady state, first (tracing) tf.function call excluded; first step s: "
-          "from the call (raytf.fit / trainer.fit / engine start) to the first finished step, "
-          "TensorFlow import and Ray start excluded except inside actors.")
+    print(
+        "examples/s: steady state, global, the first (tracing) tf.function call excluded.\n"
+        "first step s: from the call (raytf.fit / trainer.fit / start of the by-hand run) to "
+        "the first finished step;\n  the driver's TensorFlow import and ray.init are outside "
+        "it, actor start-up (and its TensorFlow import) inside."
+    )
     print(f"total benchmark time: {time.time() - started:.0f}s")
     if args.markdown:
         print()
@@ -492,16 +605,26 @@ def parent_main(args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
-    p.add_argument("--steps", type=int, default=None,
-                   help=f"steps per epoch (default per workload: {DEFAULT_STEPS})")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"steps per epoch (default per workload: {DEFAULT_STEPS})",
+    )
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=1,
-                   help="runs per (workload, runner), each in a fresh process; median shown")
-    p.add_argument("--spe", type=int, default=50,
-                   help="steps per tf.function call (raytf's 'auto' is 50)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per (workload, runner), each in a fresh process; median shown",
+    )
+    p.add_argument(
+        "--spe", type=int, default=50, help="steps per tf.function call (raytf's 'auto' is 50)"
+    )
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
-    p.add_argument("--runners", default="all",
-                   help=f"comma-separated subset of {[r.key for r in RUNNERS]}")
+    p.add_argument(
+        "--runners", default="all", help=f"comma-separated subset of {[r.key for r in RUNNERS]}"
+    )
     p.add_argument("--num-cpus", type=int, default=4, help="ray.init(num_cpus=...) in children")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per child process")
     p.add_argument("--markdown", action="store_true", help="also print a Markdown table")

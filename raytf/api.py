@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -140,6 +141,7 @@ def fit(
     the replicas in one graph when they fit on one node and uses all-reduce across nodes
     otherwise; ``result.explanation`` says why.
     """
+    started = time.time()
     job = Job(
         model_fn=model,
         data_fn=data,
@@ -174,5 +176,11 @@ def fit(
 
     hooks = [ProgressLogger(), *callbacks] if verbose else list(callbacks)
     return Coordinator(
-        chosen.layout, job, timeouts, chosen.explanation, hooks, model_dir=checkpoint_dir
+        chosen.layout,
+        job,
+        timeouts,
+        chosen.explanation,
+        hooks,
+        model_dir=checkpoint_dir,
+        started=started,
     ).run()

@@ -139,6 +139,8 @@ def test_final_model_loads_as_keras_file(local_ray, tmp_path):
         verbose=False,
     )
     assert result.model_path == str(tmp_path / "model.keras")
+    events = os.listdir(tmp_path / "summaries")  # the chief's TensorBoard scalars
+    assert len(events) == 1 and events[0].startswith("events.out.tfevents")
     model = result.load_model()
     for got, want in zip(model.get_weights(), result.weights, strict=True):
         np.testing.assert_array_equal(got, want)

@@ -159,6 +159,7 @@ class Coordinator:
         callbacks: Sequence[Callback] = (),
         group_cls: type[WorkerGroup] = WorkerGroup,
         model_dir: str | None = None,
+        started: float | None = None,
     ) -> None:
         self.layout = layout
         self.job = job
@@ -167,6 +168,7 @@ class Coordinator:
         self.callbacks = list(callbacks)
         self.group_cls = group_cls
         self.model_dir = model_dir
+        self.started = started  # wall clock of the user's call, for time to first step
 
     def _start(self, placement: PlacementGroup | None) -> tuple[WorkerGroup, list, list]:
         t = self.timeouts
@@ -196,7 +198,7 @@ class Coordinator:
         raise AssertionError("unreachable")  # the last attempt re-raises
 
     def run(self) -> FitResult:
-        started = time.time()
+        started = self.started or time.time()
         job, t = self.job, self.timeouts
         placement = reserve(self.layout, t.placement_s)
         group = None

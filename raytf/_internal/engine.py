@@ -379,6 +379,10 @@ class Engine:
             self._eval_n(iter(self._val_data), tf.constant(validation_steps)).numpy()
             logs.update(self._read_metrics("val_"))
         self._epoch.assign(epoch + 1)
+        if self._summaries is not None:
+            for key, value in logs.items():
+                self._summaries.add_scalar(key, value, global_step=epoch + 1)
+            self._summaries.flush()
         checkpoint = None
         if self._manager is not None and (
             (epoch + 1) % self.job.checkpoint_every == 0 or epoch + 1 == self.job.epochs
@@ -403,9 +407,15 @@ class Engine:
     def _setup_checkpoint(self) -> int:
         self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="raytf_epoch")
         self._manager = None
+        self._summaries = None
         directory = self.job.checkpoint_dir
         if not directory:
             return 0
+        if self.spec.is_chief:  # TensorBoard scalars, one point per epoch
+            # tensorboardX (a Ray Tune dependency): tensorflow-cpu ships without TensorBoard.
+            from tensorboardX import SummaryWriter
+
+            self._summaries = SummaryWriter(os.path.join(directory, "summaries"))
         ckpt = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, epoch=self._epoch)
         start = 0
         if self.job.resume:
