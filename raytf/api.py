@@ -61,6 +61,12 @@ def _layout_for(
     layout: str | Layout, replicas: int | None, use_gpu: bool | None, cluster: ClusterInfo
 ) -> tuple[Layout, str]:
     if isinstance(layout, Layout):
+        gpu = getattr(layout, "use_gpu", None)
+        if use_gpu is not None and gpu is not None and use_gpu != gpu:
+            raise ConfigError(
+                f"use_gpu={use_gpu} disagrees with the layout object ({layout!r}); set "
+                f"use_gpu on the layout, e.g. {type(layout).__name__}(..., use_gpu={use_gpu})."
+            )
         if replicas is not None and replicas != layout.num_replicas:
             raise ConfigError(
                 f"replicas={replicas} disagrees with the layout object, which runs "
@@ -77,6 +83,10 @@ def _layout_for(
         cls, _ = resolve(choice.layout)
         return cls(**choice.options), choice.explanation
     resolve(layout)  # unknown names fail here, before the cluster is looked at
+    if replicas is not None and (
+        isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1
+    ):
+        raise ConfigError(f"replicas must be a positive integer, received {replicas!r}.")
     gpu = resolve_use_gpu(cluster, use_gpu)
     why = "set by the caller"
     if replicas is None:
@@ -89,16 +99,21 @@ def plan(
     layout: str | Layout = "auto",
     replicas: int | None = None,
     use_gpu: bool | None = None,
-    cluster: ClusterInfo | None = None,
+    cluster: ClusterInfo | Sequence[tuple[float, float]] | None = None,
     address: str | None = None,
 ) -> Plan:
     """What :func:`fit` would run on ``cluster`` (default: the connected Ray cluster), and why.
+
+    ``cluster`` may be ``[(cpus, gpus), ...]``, one pair per node, to plan for a cluster you
+    do not have.
 
     Raises :class:`PlacementError` if the layout can never be placed there.
     """
     if cluster is None:
         connect(address)
         cluster = current_cluster()
+    elif not isinstance(cluster, ClusterInfo):
+        cluster = ClusterInfo.from_counts(*cluster)
     chosen, explanation = _layout_for(layout, replicas, use_gpu, cluster)
     if not bundles_fit(chosen.bundles(), cluster):
         raise PlacementError(

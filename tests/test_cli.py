@@ -54,6 +54,18 @@ def test_yaml_with_an_unknown_key(tmp_path):
     assert "Unknown key(s) ['epoch']" in out.stderr and "'epochs'" in out.stderr
 
 
+def test_replicas_with_shaping_flags():
+    out = raytf(
+        "plan", "--nodes", "8:0", "--layout", "in-graph", "--engine", "mirrored", "--replicas", "4"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "in-graph (mirrored): 1 actor x 4 logical CPU device(s)" in out.stdout
+    out = raytf(
+        "plan", "--nodes", "8:0,8:0", "--layout", "all-reduce", "--workers", "2", "--replicas", "4"
+    )
+    assert out.returncode == 2 and "replicas=4 disagrees" in out.stderr
+
+
 def test_shaping_flags_need_a_named_layout():
     out = raytf("plan", "--nodes", "4:0", "--workers", "2")
     assert out.returncode == 2 and "shape a named layout" in out.stderr

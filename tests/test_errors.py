@@ -10,8 +10,9 @@ import workloads
 from conftest import alive_actors
 
 import raytf
-from raytf._internal.coordinator import Coordinator
+from raytf._internal.coordinator import Coordinator, WorkerGroup
 from raytf._internal.job import Job
+from raytf._internal.worker import BIND_FAILURE
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -80,7 +81,7 @@ def test_batch_that_does_not_split_fails_before_any_actor():
     ("kwargs", "error", "message"),
     [
         ({"layout": "ring"}, raytf.ConfigError, "Unknown layout 'ring'"),
-        ({"layout": "all-reduce", "replicas": 0}, raytf.ConfigError, "workers must be a positive"),
+        ({"layout": "all-reduce", "replicas": 0}, raytf.ConfigError, "replicas must be a positive"),
         ({"layout": "auto", "replicas": 0}, raytf.ConfigError, "replicas must be a positive"),
         ({"layout": "auto", "replicas": 8}, raytf.PlacementError, "can never be placed"),
         ({"layout": "auto", "use_gpu": True}, raytf.PlacementError, "no GPUs"),
@@ -120,3 +121,67 @@ def test_missing_peer_fails_within_the_timeout():
     )
     with pytest.raises(raytf.StartupTimeoutError, match="did not finish 'peers' within 5s"):
         coordinator.run()
+
+
+class _FlakyPorts(WorkerGroup):
+    """A group whose TensorFlow servers lose their ports: no actors, real coordinator logic."""
+
+    binds_lost = 2
+    attempts: list[int] = []
+    shutdowns: list[int] = []
+
+    def spawn(self):
+        pass
+
+    def call(self, method, args, timeout_s, phase):
+        n = self.layout.num_workers
+        if method == "ready":
+            return [{"name": f"worker-{i}"} for i in range(n)]
+        if method == "reserve_address":
+            return [f"127.0.0.1:{5000 + i}" for i in range(n)]
+        self.attempts.append(1)
+        if len(self.attempts) <= self.binds_lost:
+            raise raytf.WorkerError(f"worker-1 failed: UnknownError: {BIND_FAILURE}")
+        raise raytf.WorkerError("stop: the retry got this far")
+
+    def shutdown(self):
+        self.shutdowns.append(1)
+
+
+@pytest.mark.parametrize(("lost", "message"), [(2, "stop: the retry"), (5, BIND_FAILURE)])
+def test_lost_ports_are_retried_with_a_fresh_group(lost, message):
+    _FlakyPorts.binds_lost, _FlakyPorts.attempts, _FlakyPorts.shutdowns = lost, [], []
+    job = Job(model_fn=workloads.mlp, data_fn=workloads.data, global_batch_size=64)
+    coordinator = Coordinator(
+        raytf.AllReduce(workers=2), job, raytf.Timeouts(), "test", group_cls=_FlakyPorts
+    )
+    with pytest.raises(raytf.WorkerError, match=message):
+        coordinator.run()
+    # three attempts at most, and every attempt's group was torn down
+    assert len(_FlakyPorts.attempts) == 3 and len(_FlakyPorts.shutdowns) == 3
+
+
+def test_optimizer_and_metric_objects_are_rebuilt_inside_the_scope():
+    import keras
+
+    result = fit(
+        model=workloads.uncompiled,
+        layout="mirrored",
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        optimizer=keras.optimizers.Adam(0.01),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
+        epochs=2,
+    )
+    assert result.history["loss"][-1] < result.history["loss"][0]
+    assert 0 < result.history["acc"][-1] <= 1
+
+
+def test_use_gpu_disagreeing_with_a_layout_object():
+    with pytest.raises(raytf.ConfigError, match="use_gpu=True disagrees with the layout"):
+        fit(layout=raytf.InGraph(devices=2), use_gpu=True)
+
+
+def test_resuming_a_finished_run_says_so(tmp_path):
+    fit(epochs=1, checkpoint_dir=str(tmp_path))
+    with pytest.raises(raytf.ConfigError, match="at epoch 1, and epochs=1: nothing is left"):
+        fit(epochs=1, checkpoint_dir=str(tmp_path), resume=True)

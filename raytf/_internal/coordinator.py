@@ -6,6 +6,7 @@ Every wait has a timeout and a failure anywhere tears down everything this run s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -25,7 +26,13 @@ from raytf._internal.job import Job
 from raytf._internal.worker import BIND_FAILURE, TrainWorker
 from raytf.callbacks import Callback, RunInfo
 from raytf.config import Timeouts
-from raytf.errors import PlacementError, RaytfError, StartupTimeoutError, WorkerError
+from raytf.errors import (
+    ConfigError,
+    PlacementError,
+    RaytfError,
+    StartupTimeoutError,
+    WorkerError,
+)
 from raytf.layouts.base import Layout
 from raytf.result import FitResult
 
@@ -115,9 +122,10 @@ class WorkerGroup:
             "start": "actors did not start (a node too slow to import TensorFlow, or a "
             "model/data function that hangs); raise Timeouts(start_s=...)",
             "peers": "TensorFlow peers did not connect: a peer is missing or the nodes cannot "
-            "open TCP connections to each other on ephemeral ports (check firewalls, "
-            "`raytf doctor`); raise Timeouts(peers_s=...) for slow networks",
+            "open TCP connections to each other on ephemeral ports (check firewalls "
+            "and security groups); raise Timeouts(peers_s=...) for slow networks",
             "epoch": "an epoch did not finish; raise Timeouts(epoch_s=...) for long epochs",
+            "final": "the final model was not saved in time; raise Timeouts(start_s=...)",
         }
         return (
             f"{', '.join(missing)} did not finish '{phase}' within {timeout_s:g}s: "
@@ -126,7 +134,9 @@ class WorkerGroup:
 
     def shutdown(self) -> None:
         for actor in self.actors:
-            ray.kill(actor, no_restart=True)
+            # Already gone, or Ray is shutting down: keep killing the rest.
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
         self.actors = []
 
 
@@ -209,7 +219,7 @@ class Coordinator:
             val_steps = None
             if job.validation_fn is not None:
                 val_steps = job.validation_steps or min(i["validation_steps"] for i in infos)
-            start_epoch = infos[0]["start_epoch"]
+            start_epoch = _agreed_start(infos, job)
             workers = tuple({**r, **d} for r, d in zip(ready, devices))
             run_info = RunInfo(
                 self.layout,
@@ -297,7 +307,28 @@ class Coordinator:
         return path
 
 
+def _agreed_start(infos: list[dict[str, Any]], job: Job) -> int:
+    starts = sorted({i["start_epoch"] for i in infos})
+    if len(starts) > 1:
+        raise ConfigError(
+            f"Workers found different checkpoints to resume from (epochs {starts}) in "
+            f"{job.checkpoint_dir!r}: checkpoint_dir must be storage every node can read "
+            "(NFS, a mounted bucket), or the replicas would diverge."
+        )
+    if starts[0] >= job.epochs:
+        raise ConfigError(
+            f"The checkpoint in {job.checkpoint_dir!r} is at epoch {starts[0]}, and epochs="
+            f"{job.epochs}: nothing is left to train. Pass a larger epochs= to continue."
+        )
+    return starts[0]
+
+
 def _mean_logs(per_worker: list[dict[str, float]]) -> dict[str, float]:
-    """Workers see equal numbers of examples, so a plain mean is the global mean."""
+    """The global value of each log.
+
+    Under all-reduce the metric variables are read collectively, so every worker already
+    reports the global value and the mean changes nothing; it is kept for layouts whose
+    workers report their own share (equal shares, so the plain mean is the global one).
+    """
     keys = per_worker[0].keys()
     return {k: sum(w[k] for w in per_worker) / len(per_worker) for k in keys}

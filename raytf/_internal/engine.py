@@ -43,7 +43,8 @@ def configure_devices(spec: StrategySpec) -> tuple[list[str], str]:
                 raise ConfigError(
                     f"The actor was given {spec.devices} GPU(s) but TensorFlow sees "
                     f"{len(gpus)} (CUDA_VISIBLE_DEVICES="
-                    f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r})."
+                    f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Check that the TensorFlow build "
+                    "has CUDA (pip install 'raytf[gpu]') and that `raytf plan` matches the node."
                 )
             return [f"/device:GPU:{i}" for i in range(spec.devices)], "GPU"
         kind = "CPU (stand-in: TensorFlow sees no GPU)"
@@ -83,6 +84,17 @@ def _unpack(data: Any) -> tuple[Any, Any, Any]:
         if len(data) == 3:
             return data[0], data[1], data[2]
     return data, None, None
+
+
+def _fresh(obj: Any) -> Any:
+    """A copy of a Keras optimizer or metric made here, inside the strategy scope.
+
+    Objects passed to fit() were unpickled outside the scope, so their variables would not be
+    distributed; strings and functions pass through.
+    """
+    if isinstance(obj, (keras.optimizers.Optimizer, keras.metrics.Metric)):
+        return type(obj).from_config(obj.get_config())
+    return obj
 
 
 def _batch_size_of(x: Any) -> tf.Tensor:
@@ -134,13 +146,13 @@ class Engine:
             self._loss = keras.metrics.Mean(name="loss")
         train, train_steps = self._dataset(self.job.data_fn, "data", self.ctx)
         self._symbolic_build(train.element_spec)
-        self._train_data = self._distribute(train.repeat())
+        self._train_data = self._distribute(train.repeat().prefetch(tf.data.AUTOTUNE))
         self._iterator = iter(self._train_data)
         self._val_data, val_steps = None, None
         if self.job.validation_fn is not None:
             vctx = InputContext(**{**self.ctx.__dict__, "training": False})
             val, val_steps = self._dataset(self.job.validation_fn, "validation_data", vctx)
-            self._val_data = self._distribute(val.repeat())
+            self._val_data = self._distribute(val.repeat().prefetch(tf.data.AUTOTUNE))
         self._train_n = self._make_loop(self._towers_step if self.towers else self._replica_step)
         self._eval_n = self._make_loop(self._towers_eval if self.towers else self._replica_eval)
         start_epoch = self._setup_checkpoint()
@@ -171,9 +183,9 @@ class Engine:
             if self.job.loss is None:
                 raise ConfigError("optimizer= was passed without loss=; pass both.")
             model.compile(
-                optimizer=self.job.optimizer or "adam",
+                optimizer=_fresh(self.job.optimizer or "adam"),
                 loss=self.job.loss,
-                metrics=list(self.job.metrics) or None,
+                metrics=[_fresh(m) for m in self.job.metrics] or None,
             )
         elif not compiled:
             raise ConfigError(
@@ -219,7 +231,7 @@ class Engine:
                 f"batch of {unit * per_step} (global batch {ctx.global_batch_size} over "
                 f"{ctx.num_workers} worker(s)); use a smaller global_batch_size or more data."
             )
-        return batched.prefetch(tf.data.AUTOTUNE), steps
+        return batched, steps
 
     def _check_features(self, features: Any, what: str) -> None:
         """Compare unbatched feature shapes with the model's declared inputs, when it has them."""
@@ -238,6 +250,8 @@ class Engine:
                 f"{[tuple(i.shape) for i in want]}."
             )
         for g, w in zip(got, want):
+            if g.shape.rank is None:
+                continue
             expected = tuple(w.shape)[1:]
             shape = tuple(g.shape)
             if len(shape) == len(expected) + 1 and tf.TensorShape(shape[1:]).is_compatible_with(
@@ -260,7 +274,7 @@ class Engine:
         with self.strategy.scope():
             try:
                 self.model._symbolic_build(data_batch=element_spec)
-            except Exception as exc:  # a shape or dtype the model cannot take
+            except (ValueError, TypeError) as exc:  # a shape or dtype the model cannot take
                 raise ConfigError(
                     f"The model cannot be built on the data: a batch is "
                     f"{_describe_spec(element_spec)}. Keras said: {exc}"
@@ -361,7 +375,6 @@ class Engine:
         for metric in [*self.model.metrics, self._loss]:
             metric.reset_state()
         k = self.steps_per_execution(steps)
-        start = time.perf_counter()
         done = 0
         while done < steps:
             n = 1 if self.first_step_at is None else min(k, steps - done)
@@ -373,7 +386,6 @@ class Engine:
                 self._steady_steps += n
                 self._steady_seconds += time.perf_counter() - t0
             done += n
-        train_seconds = time.perf_counter() - start
         logs = self._read_metrics()
         if self._val_data is not None and validation_steps:
             self._eval_n(iter(self._val_data), tf.constant(validation_steps)).numpy()
@@ -390,8 +402,6 @@ class Engine:
             checkpoint = self._save_checkpoint()
         return {
             "logs": logs,
-            "train_seconds": train_seconds,
-            "examples": steps * self.ctx.worker_batch_size,
             "checkpoint": checkpoint,
             "global_step": int(self.optimizer.iterations.numpy()),
         }
@@ -421,7 +431,13 @@ class Engine:
         if self.job.resume:
             latest = tf.train.latest_checkpoint(directory)
             if latest is not None:
-                ckpt.restore(latest).assert_existing_objects_matched()
+                try:
+                    ckpt.restore(latest).assert_existing_objects_matched()
+                except AssertionError as exc:
+                    raise ConfigError(
+                        f"Checkpoint {latest} does not match this model ({exc}). Resume with "
+                        "the model that wrote it, or point checkpoint_dir= at a new directory."
+                    ) from None
                 start = int(self._epoch.numpy())
         # Every worker must save (distributed variables are read collectively); only the
         # chief's copy is kept, the others write to a scratch directory they delete.

@@ -166,7 +166,17 @@ def layout_from_config(config: Mapping[str, Any], cluster: ClusterInfo) -> str |
             f"Layout {name!r} does not take {wrong}; it takes {sorted(accepted & LAYOUT_KEYS)}."
         )
     use_gpu = resolve_use_gpu(cluster, config.get("use_gpu"))
-    return cls(**{**defaults, **shaping, "use_gpu": use_gpu})
+    replicas = config.get("replicas")
+    options = {**defaults, **shaping}
+    if replicas is not None and not {"workers", "devices"} & set(shaping):
+        return cls.for_replicas(replicas, use_gpu, **options)
+    layout = cls(**options, use_gpu=use_gpu)
+    if replicas is not None and replicas != layout.num_replicas:
+        raise ConfigError(
+            f"replicas={replicas} disagrees with {sorted(shaping.items())}, which make "
+            f"{layout.num_replicas} replica(s); give one or the other."
+        )
+    return layout
 
 
 def fit_kwargs(experiment: Experiment, cluster: ClusterInfo) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from raytf.errors import ConfigError
@@ -33,7 +33,6 @@ class Job:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 1
     resume: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not callable(self.model_fn):
