@@ -52,6 +52,9 @@ RUNNERS = (
     Runner("bare-tf", "bare-tf (1 dev)", False),
     Runner("engine-towers", "engine-by-hand (towers, 2 dev)", False),
     Runner("engine-mirrored", "engine-by-hand (mirrored, 2 dev)", False),
+    # The same, in a process where Ray merely runs (idle): what Ray's daemons cost on this node.
+    Runner("engine-towers-ray", "engine-by-hand (towers) + idle Ray", True),
+    Runner("engine-mirrored-ray", "engine-by-hand (mirrored) + idle Ray", True),
     Runner("raytf-towers", "raytf in-graph towers", True),
     Runner("raytf-mirrored", "raytf in-graph mirrored", True),
     Runner("raytf-allreduce", "raytf all-reduce 2w", True),
@@ -59,7 +62,12 @@ RUNNERS = (
 )
 RUNNER_BY_KEY = {r.key: r for r in RUNNERS}
 # (raytf row, engine-by-hand row): the "raytf within 5% of its engine by hand" claim.
-PAIRS = (("raytf-towers", "engine-towers"), ("raytf-mirrored", "engine-mirrored"))
+PAIRS = (
+    ("raytf-towers", "engine-towers"),
+    ("raytf-mirrored", "engine-mirrored"),
+    ("raytf-towers", "engine-towers-ray"),
+    ("raytf-mirrored", "engine-mirrored-ray"),
+)
 
 
 # --------------------------------------------------------------------- workloads (child)
@@ -331,6 +339,8 @@ def child_main(args: argparse.Namespace) -> None:
         "bare-tf": run_bare_tf,
         "engine-towers": partial(run_engine, "towers"),
         "engine-mirrored": partial(run_engine, "mirrored"),
+        "engine-towers-ray": partial(run_engine, "towers"),
+        "engine-mirrored-ray": partial(run_engine, "mirrored"),
         "raytf-towers": partial(run_raytf, "towers"),
         "raytf-mirrored": partial(run_raytf, "mirrored"),
         "raytf-allreduce": partial(run_raytf, "all-reduce"),

@@ -6,6 +6,9 @@ from dataclasses import dataclass, fields
 
 from raytf.errors import ConfigError
 
+FIRST_EPOCH_LIMIT_S = 24 * 3600.0
+MIN_EPOCH_LIMIT_S = 600.0
+
 
 @dataclass(frozen=True)
 class Timeouts:
@@ -14,17 +17,28 @@ class Timeouts:
     - ``placement_s``: reserving the layout's resources (busy cluster).
     - ``start_s``: actor processes up with TensorFlow imported, and the model and data built.
     - ``peers_s``: TensorFlow peers connected (a missing peer otherwise blocks for minutes).
-    - ``epoch_s``: one epoch of training and validation.
+    - ``epoch_s``: one epoch of training and validation. ``None`` (default) adapts: 24 hours
+      for the first epoch, then five times the longest epoch so far (at least 10 minutes).
+      A dead actor is noticed at once whatever this says; it bounds hangs of live actors.
     """
 
     placement_s: float = 60.0
     start_s: float = 180.0
     peers_s: float = 60.0
-    epoch_s: float = 3600.0
+    epoch_s: float | None = None
+
+    def epoch_limit(self, durations: list[float]) -> float:
+        if self.epoch_s is not None:
+            return self.epoch_s
+        if not durations:
+            return FIRST_EPOCH_LIMIT_S
+        return max(MIN_EPOCH_LIMIT_S, 5 * max(durations))
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if value is None and f.name == "epoch_s":
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(
                     f"Timeouts.{f.name} must be a positive number of seconds, received {value!r}."

@@ -118,3 +118,11 @@ def test_errors_survive_pickling():
     assert "Traceback in the worker" in str(back)
     cfg = pickle.loads(pickle.dumps(ConfigError("bad")))
     assert isinstance(cfg, ValueError) and str(cfg) == "bad"
+
+
+def test_epoch_timeout_adapts_to_the_epochs_seen():
+    adaptive = raytf.Timeouts()
+    assert adaptive.epoch_limit([]) == 24 * 3600
+    assert adaptive.epoch_limit([30.0]) == 600  # at least ten minutes
+    assert adaptive.epoch_limit([200.0, 400.0]) == 2000  # five times the longest
+    assert raytf.Timeouts(epoch_s=90).epoch_limit([1000.0]) == 90

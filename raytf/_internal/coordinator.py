@@ -237,12 +237,17 @@ class Coordinator:
             history: dict[str, list[float]] = {}
             checkpoint = None
             global_step = 0
+            durations: list[float] = []
             for epoch in range(start_epoch, job.epochs):
                 t0 = time.perf_counter()
                 results = group.call(
-                    "run_epoch", [(epoch, steps, val_steps)] * len(workers), t.epoch_s, "epoch"
+                    "run_epoch",
+                    [(epoch, steps, val_steps)] * len(workers),
+                    t.epoch_limit(durations),
+                    "epoch",
                 )
                 seconds = time.perf_counter() - t0
+                durations.append(seconds)
                 logs = _mean_logs([r["logs"] for r in results])
                 logs["examples_per_second"] = steps * job.global_batch_size / seconds
                 for key, value in logs.items():
