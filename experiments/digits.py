@@ -26,19 +26,19 @@ def _splits():
     return {"train": (x_train, y_train), "validation": (x_val, y_val), "test": (x_test, y_test)}
 
 
-def build_model():
+def build_model(lr: float = 2e-3, hidden: int = 128):
     import keras
 
     model = keras.Sequential(
         [
             keras.Input((64,)),
-            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(hidden, activation="relu"),
             keras.layers.Dense(64, activation="relu"),
             keras.layers.Dense(10),
         ]
     )
     model.compile(
-        optimizer=keras.optimizers.Adam(2e-3),
+        optimizer=keras.optimizers.Adam(lr),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )

@@ -17,6 +17,7 @@ from raytf.errors import (
 )
 from raytf.layouts import AllReduce, InGraph, Layout, layout_names
 from raytf.result import FitResult
+from raytf.sweep import SweepResult, sweep
 
 __version__ = "0.1.0"
 
@@ -34,9 +35,11 @@ __all__ = [
     "RaytfError",
     "RunInfo",
     "StartupTimeoutError",
+    "SweepResult",
     "Timeouts",
     "WorkerError",
     "fit",
     "layout_names",
     "plan",
+    "sweep",
 ]

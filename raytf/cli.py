@@ -97,6 +97,29 @@ def build_parser() -> argparse.ArgumentParser:
         "(CPUS:GPUS per node); needs no Ray",
     )
 
+    swp = sub.add_parser("sweep", help="one Ray Tune trial per configuration of the file's space")
+    swp.add_argument("experiment", help="a .py defining `space`, or a .yaml with a space: block")
+    swp.add_argument(
+        "--metric",
+        default="throughput",
+        help="throughput (default), a per-epoch log such as val_accuracy, or "
+        "time_to_target_s with --target",
+    )
+    swp.add_argument("--mode", choices=["min", "max"], help="default: from the metric's name")
+    swp.add_argument(
+        "--target",
+        nargs=2,
+        metavar=("METRIC", "VALUE"),
+        help="for time_to_target_s, e.g. --target val_accuracy 0.95",
+    )
+    swp.add_argument("--scheduler", choices=["asha"], help="stop hopeless trials early")
+    swp.add_argument("--num-samples", type=int, default=1)
+    swp.add_argument("--storage", help="results directory (default ./raytf-sweeps)")
+    swp.add_argument("--name", help="sweep name (default sweep-<time>)")
+    swp.add_argument("--epochs", type=int)
+    swp.add_argument("--address", default=os.environ.get("RAYTF_ADDRESS"))
+    swp.add_argument("--quiet", action="store_true", help="no live Tune progress")
+
     sub.add_parser("layouts", help="list the registered layout names")
     return parser
 
@@ -147,13 +170,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     experiment = load_experiment(args.experiment).with_overrides(_overrides(args))
     raytf.api.connect(args.address)
     kwargs = fit_kwargs(experiment, raytf.api.current_cluster())
-    result = raytf.fit(
-        experiment.model,
-        experiment.data,
-        validation_data=experiment.validation_data,
-        verbose=not args.quiet,
-        **kwargs,
-    )
+    result = raytf.fit(verbose=not args.quiet, **kwargs)
     first = result.time_to_first_step_s
     print(
         f"raytf: done: {result.epochs_trained} epoch(s), {result.global_step} steps in "
@@ -183,6 +200,40 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    import raytf
+    from raytf._internal.experiment import load_experiment
+
+    experiment = load_experiment(args.experiment).with_overrides({"epochs": args.epochs})
+    if not experiment.space:
+        raise raytf.ConfigError(
+            f"{args.experiment} has no search space: define `space = {{...}}` in the .py file "
+            "or a `space:` block in the YAML, e.g. space: {layout: {grid_search: [towers, "
+            "all-reduce]}}."
+        )
+    target = (args.target[0], float(args.target[1])) if args.target else None
+    result = raytf.sweep(
+        experiment.model,
+        experiment.data,
+        space=experiment.space,
+        metric=args.metric,
+        mode=args.mode,
+        target=target,
+        validation_data=experiment.validation_data,
+        scheduler=args.scheduler,
+        num_samples=args.num_samples,
+        storage_path=args.storage,
+        name=args.name,
+        experiment_file=experiment.module_path,
+        address=args.address,
+        verbose=not args.quiet,
+        targets=experiment.targets,
+        **experiment.config,
+    )
+    print(result.table())
+    return 0 if result.best_config is not None else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # evaluate() imports TF in the driver
     args = build_parser().parse_args(argv)
@@ -194,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "plan":
             return _cmd_plan(args)
+        if args.command == "sweep":
+            return _cmd_sweep(args)
         return _cmd_run(args)
     except WorkerError as exc:
         print(f"raytf: error: {exc}", file=sys.stderr)

@@ -84,3 +84,20 @@ def test_run_yaml_experiment_all_reduce_and_miss_the_target(tmp_path):
     assert "epoch 1/1" in out.stdout and "raytf: evaluation: test_accuracy" in out.stdout
     assert out.returncode == 1 and "target missed: test_accuracy" in out.stderr
     assert (tmp_path / "ck" / "model.keras").exists()
+
+
+@pytest.mark.slow
+def test_sweep_yaml_writes_a_ranked_table_and_a_rerunnable_best(tmp_path):
+    exp = tmp_path / "sweep.yaml"
+    exp.write_text(
+        f"experiment: {ROOT}/experiments/digits.py\n"
+        "config: {epochs: 1, global_batch_size: 64}\n"
+        "space: {layout: {grid_search: [towers, all-reduce]}, lr: 0.003}\n"
+    )
+    out = raytf("sweep", str(exp), "--storage", str(tmp_path), "--name", "s", "--quiet")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "rank  configuration" in out.stdout and "layout=all-reduce, lr=0.003" in out.stdout
+    best = tmp_path / "s" / "best.yaml"
+    assert (tmp_path / "s" / "sweep.png").exists() and best.exists()
+    rerun = raytf("run", str(best), "--quiet")
+    assert "raytf: evaluation: test_accuracy" in rerun.stdout, rerun.stderr[-2000:]

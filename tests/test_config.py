@@ -37,11 +37,13 @@ def test_public_api_is_small_and_explicit():
         "RaytfError",
         "RunInfo",
         "StartupTimeoutError",
+        "SweepResult",
         "Timeouts",
         "WorkerError",
         "fit",
         "layout_names",
         "plan",
+        "sweep",
     }
 
 

@@ -14,7 +14,7 @@ def arrays(n: int = EXAMPLES, seed: int = 0):
     return x, y
 
 
-def mlp():
+def mlp(lr: float = 0.01):
     import keras
 
     model = keras.Sequential(
@@ -25,7 +25,7 @@ def mlp():
         ]
     )
     model.compile(
-        optimizer=keras.optimizers.Adam(0.01),
+        optimizer=keras.optimizers.Adam(lr),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
@@ -136,3 +136,8 @@ def data_batched(ctx):
 
 def data_numpy(ctx):
     return arrays()
+
+
+def mlp_lr(lr: float = 0.01):
+    """The MLP with its learning rate as a parameter, for sweeps."""
+    return mlp(lr)

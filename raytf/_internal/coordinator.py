@@ -250,6 +250,9 @@ class Coordinator:
                 durations.append(seconds)
                 logs = _mean_logs([r["logs"] for r in results])
                 logs["examples_per_second"] = steps * job.global_batch_size / seconds
+                rates = [r["throughput"] for r in results]
+                if all(rates):  # steady state so far, tracing excluded: what sweeps rank on
+                    logs["throughput"] = sum(rates)
                 for key, value in logs.items():
                     history.setdefault(key, []).append(value)
                 global_step = results[0]["global_step"]

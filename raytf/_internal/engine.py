@@ -402,6 +402,7 @@ class Engine:
             checkpoint = self._save_checkpoint()
         return {
             "logs": logs,
+            "throughput": self.throughput,
             "checkpoint": checkpoint,
             "global_step": int(self.optimizer.iterations.numpy()),
         }

@@ -7,7 +7,9 @@ CLI, YAML and (later) Tune search spaces are validated the same way.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -38,6 +40,8 @@ FIT_KEYS = frozenset(
 )
 #: Keys that shape a named layout (fields of its config object).
 LAYOUT_KEYS = frozenset({"workers", "devices", "engine", "communication"})
+#: Keyword arguments for the experiment's model builder (e.g. a learning rate to sweep).
+MODEL_ARGS = "model_args"
 
 MODEL_NAMES = ("build_model", "model")
 DATA_NAMES = ("make_dataset", "data")
@@ -53,6 +57,8 @@ class Experiment:
     evaluate: Callable[[Any], Mapping[str, float]] | None = None
     config: dict[str, Any] = field(default_factory=dict)
     targets: dict[str, float] = field(default_factory=dict)
+    space: dict[str, Any] = field(default_factory=dict)  # for `raytf sweep`
+    module_path: str | None = None  # the .py file, also when read through a YAML
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> Experiment:
         given = {k: v for k, v in overrides.items() if v is not None}
@@ -61,10 +67,15 @@ class Experiment:
 
 
 def check_config_keys(config: Mapping[str, Any], where: str) -> None:
-    unknown = sorted(set(config) - FIT_KEYS - LAYOUT_KEYS)
+    valid = FIT_KEYS | LAYOUT_KEYS | {MODEL_ARGS}
+    unknown = sorted(set(config) - valid)
     if unknown:
+        raise ConfigError(f"Unknown key(s) {unknown} in {where}; valid keys are {sorted(valid)}.")
+    args = config.get(MODEL_ARGS)
+    if args is not None and not isinstance(args, dict):
         raise ConfigError(
-            f"Unknown key(s) {unknown} in {where}; valid keys are {sorted(FIT_KEYS | LAYOUT_KEYS)}."
+            f"{MODEL_ARGS} in {where} must be a mapping of the model builder's keyword "
+            f"arguments, received {args!r}."
         )
 
 
@@ -116,10 +127,11 @@ def load_experiment(path: str) -> Experiment:
                 f"optional 'config:' mapping; found {type(raw).__name__} keys "
                 f"{sorted(raw) if isinstance(raw, dict) else ''}."
             )
-        extra = sorted(set(raw) - {"experiment", "config", "targets"})
+        extra = sorted(set(raw) - {"experiment", "config", "targets", "space"})
         if extra:
             raise ConfigError(
-                f"{path}: unknown top-level key(s) {extra}; use experiment, config and targets."
+                f"{path}: unknown top-level key(s) {extra}; use experiment, config, targets "
+                "and space."
             )
         target = os.path.join(os.path.dirname(os.path.abspath(path)), raw["experiment"])
         base = load_experiment(target)
@@ -130,6 +142,7 @@ def load_experiment(path: str) -> Experiment:
             path=path,
             config={**base.config, **config},
             targets={**base.targets, **(raw.get("targets") or {})},
+            space={**base.space, **space_from_yaml(raw.get("space") or {}, path)},
         )
     if not path.endswith(".py"):
         raise ConfigError(f"Experiment file {path!r} must end in .py, .yaml or .yml.")
@@ -144,13 +157,56 @@ def load_experiment(path: str) -> Experiment:
         evaluate=_pick(module, ("evaluate",), path, False),
         config=config,
         targets=dict(getattr(module, "targets", {}) or {}),
+        space=dict(getattr(module, "space", {}) or {}),
+        module_path=path,
     )
+
+
+#: YAML spellings of Tune's search primitives: ``lr: {loguniform: [1e-4, 1e-2]}``.
+SEARCH_PRIMITIVES = ("grid_search", "choice", "uniform", "loguniform", "randint")
+
+
+def space_from_yaml(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``{key: {grid_search: [...]}}`` and friends -> Tune search-space objects."""
+    from ray import tune
+
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: space must be a mapping, found {type(raw).__name__}.")
+    space: dict[str, Any] = {}
+    for key, value in raw.items():
+        if (
+            isinstance(value, Mapping)
+            and len(value) == 1
+            and next(iter(value)) in SEARCH_PRIMITIVES
+        ):
+            ((kind, args),) = value.items()
+            if not isinstance(args, list):
+                raise ConfigError(f"{where}: space.{key}.{kind} takes a list, found {args!r}.")
+            space[key] = (
+                getattr(tune, kind)(args)
+                if kind in ("grid_search", "choice")
+                else (getattr(tune, kind)(*args))
+            )
+        elif isinstance(value, Mapping):
+            raise ConfigError(
+                f"{where}: space.{key} is {dict(value)!r}; write a value, or one of "
+                f"{list(SEARCH_PRIMITIVES)} with a list, e.g. {{grid_search: [1, 2]}}."
+            )
+        else:
+            space[key] = value
+    return space
 
 
 def layout_from_config(config: Mapping[str, Any], cluster: ClusterInfo) -> str | Layout:
     """``layout`` plus shaping keys (workers, devices, ...) -> a name or a layout object."""
     name = config.get("layout", "auto")
     shaping = {k: config[k] for k in LAYOUT_KEYS if config.get(k) is not None}
+    if isinstance(name, Layout):  # a layout object, e.g. from a sweep's search space
+        if shaping:
+            raise ConfigError(
+                f"{sorted(shaping)} cannot reshape the layout object {name!r}; set them on it."
+            )
+        return name
     if not shaping:
         return name
     if name == "auto":
@@ -179,9 +235,31 @@ def layout_from_config(config: Mapping[str, Any], cluster: ClusterInfo) -> str |
     return layout
 
 
+def model_builder(model: Callable[[], Any], args: Mapping[str, Any] | None) -> Callable[[], Any]:
+    """The builder with ``model_args`` bound; unknown names fail here, not in an actor."""
+    if not args:
+        return model
+    try:
+        params = inspect.signature(model).parameters
+    except (TypeError, ValueError):
+        return functools.partial(model, **args)
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    unknown = sorted(set(args) - set(params))
+    if unknown and not takes_kwargs:
+        raise ConfigError(
+            f"model_args {unknown} are not parameters of {getattr(model, '__name__', model)}"
+            f"{inspect.signature(model)}; add them to its signature or drop them."
+        )
+    return functools.partial(model, **args)
+
+
 def fit_kwargs(experiment: Experiment, cluster: ClusterInfo) -> dict[str, Any]:
+    """Keyword arguments for raytf.fit, model and data included."""
     config = experiment.config
     kwargs = {k: v for k, v in config.items() if k in FIT_KEYS}
+    kwargs["model"] = model_builder(experiment.model, config.get(MODEL_ARGS))
+    kwargs["data"] = experiment.data
+    kwargs["validation_data"] = experiment.validation_data
     kwargs["layout"] = layout_from_config(config, cluster)
     if not isinstance(kwargs["layout"], str):
         kwargs.pop("replicas", None)

@@ -1,0 +1,310 @@
+"""Ray Tune sweeps over strategy configurations: which layout is fastest, or best, here?
+
+Each trial runs :func:`raytf.fit` with one configuration and reserves exactly the Ray
+resources of that configuration's layout (an empty head bundle plus the layout's bundles), so
+trials with different layouts run side by side when the cluster has room and queue when not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from raytf.callbacks import Callback, RunInfo
+from raytf.errors import ConfigError, PlacementError
+
+#: Objectives that are not per-epoch metrics.
+THROUGHPUT = "throughput"
+TIME_TO_TARGET = "time_to_target_s"
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What every trial needs, shipped once through Ray's object store."""
+
+    experiment: Any  # raytf._internal.experiment.Experiment
+    model_params: frozenset[str]
+    target: tuple[str, float] | None
+
+
+class _TuneReport(Callback):
+    """Streams each epoch's logs to Tune, with training time and time to the target."""
+
+    def __init__(self, target: tuple[str, float] | None) -> None:
+        self.target = target
+        self.created = time.time()
+        self.started = self.created
+        self.reached: float | None = None
+        self.resources: dict[str, float] = {}
+
+    def on_fit_start(self, run: RunInfo) -> None:
+        from ray.util import get_current_placement_group
+
+        self.started = time.time()
+        group = get_current_placement_group()
+        bundles = group.bundle_specs if group is not None else []
+        # What the trial reserved and what its actors got, for the summary and the tests.
+        self.resources = {
+            "actors": len(run.workers),
+            "gpus_assigned": sum(len(w["gpu_ids"]) for w in run.workers),
+            "reserved_cpus": sum(b.get("CPU", 0) for b in bundles),
+            "reserved_gpus": sum(b.get("GPU", 0) for b in bundles),
+        }
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, float]) -> None:
+        from ray import tune
+
+        train_s = time.time() - self.started
+        if self.target and self.reached is None:
+            key, value = self.target
+            if key in logs and _better_or_equal(logs[key], value, _infer_mode(key)):
+                self.reached = train_s
+        tune.report(
+            {
+                **logs,
+                **self.resources,
+                "epoch": epoch + 1,
+                "train_s": train_s,
+                "startup_s": self.started - self.created,
+                TIME_TO_TARGET: self.reached if self.reached is not None else math.inf,
+            }
+        )
+
+
+def _better_or_equal(got: float, want: float, mode: str) -> bool:
+    return got >= want if mode == "max" else got <= want
+
+
+def _infer_mode(metric: str) -> str:
+    return "min" if ("loss" in metric or "error" in metric or metric == TIME_TO_TARGET) else "max"
+
+
+def _trial(config: dict[str, Any], spec: _Spec) -> None:
+    """One Tune trial: the sampled config on top of the base experiment, run by raytf.fit."""
+    from raytf._internal.experiment import fit_kwargs
+    from raytf.api import current_cluster, fit
+
+    experiment = dataclasses.replace(
+        spec.experiment, config=_merge(spec.experiment.config, config, spec.model_params)
+    )
+    kwargs = fit_kwargs(experiment, current_cluster())
+    fit(**kwargs, callbacks=[_TuneReport(spec.target)], verbose=False)
+
+
+def _merge(base: Mapping[str, Any], sampled: Mapping[str, Any], model_params: frozenset[str]):
+    """Sampled values over the base config; model-builder parameters go under model_args."""
+    merged = dict(base)
+    model_args = dict(base.get("model_args") or {})
+    for key, value in sampled.items():
+        if key in model_params:
+            model_args[key] = value
+        elif key == "model_args":
+            model_args.update(value)
+        else:
+            merged[key] = value
+    if model_args:
+        merged["model_args"] = model_args
+    return merged
+
+
+def _model_params(model: Callable[..., Any]) -> frozenset[str]:
+    try:
+        return frozenset(inspect.signature(model).parameters)
+    except (TypeError, ValueError):
+        return frozenset()
+
+
+def _check_space(space: Mapping[str, Any], model_params: frozenset[str], model: Any) -> None:
+    from raytf._internal.experiment import FIT_KEYS, LAYOUT_KEYS, MODEL_ARGS
+
+    if not isinstance(space, Mapping) or not space:
+        raise ConfigError(
+            f"space must be a non-empty mapping of setting -> values, received {space!r}; "
+            "e.g. {'layout': tune.grid_search(['towers', 'all-reduce'])}."
+        )
+    valid = FIT_KEYS | LAYOUT_KEYS | {MODEL_ARGS} | model_params
+    unknown = sorted(set(space) - valid)
+    if unknown:
+        name = getattr(model, "__name__", "the model builder")
+        raise ConfigError(
+            f"space keys {unknown} are neither raytf settings nor parameters of {name}"
+            f"{inspect.signature(model) if model_params else '()'}. Valid: {sorted(valid)}."
+        )
+
+
+def _trial_resources(config: Mapping[str, Any], spec: _Spec, cluster: Any) -> Any:
+    """The trial's placement group: an empty head bundle plus its layout's bundles."""
+    from ray import tune
+
+    from raytf._internal.experiment import layout_from_config
+    from raytf.api import plan
+
+    merged = _merge(spec.experiment.config, config, spec.model_params)
+    try:
+        layout = layout_from_config(merged, cluster)
+        chosen = plan(
+            layout,
+            replicas=merged.get("replicas") if isinstance(layout, str) else None,
+            use_gpu=merged.get("use_gpu") if isinstance(layout, str) else None,
+            cluster=cluster,
+        )
+    except (PlacementError, ConfigError):
+        # Never fits: a token reservation, so the trial starts and reports why at once.
+        return tune.PlacementGroupFactory([{"CPU": 0.01}])
+    return tune.PlacementGroupFactory([{}, *chosen.bundles], strategy="PACK")
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Tune's ``ResultGrid`` plus raytf's ranking, plot and best configuration."""
+
+    grid: Any  # ray.tune.ResultGrid
+    metric: str
+    mode: str
+    rows: list[dict[str, Any]]  # ranked, best first; failed trials last
+    wall_time_s: float
+    trial_train_s: float  # sum over trials of time spent training (after start-up)
+    trial_total_s: float  # sum over trials of start-up plus training
+    path: str
+    plot_path: str | None = None
+    best_experiment_path: str | None = None
+    keys: tuple[str, ...] = field(default=())
+
+    @property
+    def best_config(self) -> dict[str, Any] | None:
+        ok = [r for r in self.rows if r["status"] in ("ok", "stopped early")]
+        return dict(ok[0]["config"]) if ok else None
+
+    def table(self) -> str:
+        from raytf._internal.sweep_report import format_table
+
+        return format_table(self)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def sweep(
+    model: Callable[..., Any],
+    data: Callable[[Any], Any],
+    *,
+    space: Mapping[str, Any],
+    metric: str = THROUGHPUT,
+    mode: str | None = None,
+    target: tuple[str, float] | None = None,
+    validation_data: Callable[[Any], Any] | None = None,
+    scheduler: str | None = None,
+    num_samples: int = 1,
+    max_concurrent_trials: int | None = None,
+    storage_path: str | None = None,
+    name: str | None = None,
+    experiment_file: str | None = None,
+    address: str | None = None,
+    verbose: bool = True,
+    targets: Mapping[str, float] | None = None,
+    **config: Any,
+) -> SweepResult:
+    """Run one Tune trial per configuration in ``space`` and rank them.
+
+    ``space`` maps raytf settings (``layout``, ``workers``, ``devices``, ``engine``,
+    ``global_batch_size``, ...) and parameters of your model builder (``lr``, ...) to values or
+    Tune search primitives (``tune.grid_search``, ``tune.choice``, ...). ``metric`` is
+    ``"throughput"`` (examples/s), any per-epoch log such as ``"val_accuracy"``, or
+    ``"time_to_target_s"`` with ``target=("val_accuracy", 0.95)``. ``scheduler="asha"`` stops
+    hopeless trials early (per-epoch metrics only). Other keyword arguments are fixed
+    :func:`raytf.fit` settings for every trial.
+    """
+    from ray import tune
+
+    from raytf._internal.experiment import Experiment, check_config_keys
+    from raytf._internal.sweep_report import rank, write_best_experiment, write_plot
+    from raytf.api import connect, current_cluster
+
+    check_config_keys(config, "sweep() keyword arguments")
+    params = _model_params(model)
+    _check_space(space, params, model)
+    if metric == TIME_TO_TARGET and target is None:
+        raise ConfigError(
+            "metric='time_to_target_s' needs target=(metric, value), e.g. "
+            "target=('val_accuracy', 0.95)."
+        )
+    if target is not None and (
+        not isinstance(target, (tuple, list)) or len(target) != 2 or not isinstance(target[0], str)
+    ):
+        raise ConfigError(f"target must be (metric name, value), received {target!r}.")
+    mode = mode or _infer_mode(metric)
+    if mode not in ("min", "max"):
+        raise ConfigError(f"mode must be 'min' or 'max', received {mode!r}.")
+    if scheduler not in (None, "asha"):
+        raise ConfigError(f"scheduler must be None or 'asha', received {scheduler!r}.")
+    if scheduler == "asha" and metric in (THROUGHPUT, TIME_TO_TARGET):
+        raise ConfigError(
+            f"scheduler='asha' stops trials on a per-epoch metric; metric={metric!r} is only "
+            "meaningful at the end. Use metric='val_accuracy' (or another log), or no scheduler."
+        )
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ConfigError(f"num_samples must be a positive integer, received {num_samples!r}.")
+
+    connect(address)
+    cluster = current_cluster()
+    experiment = Experiment(
+        path=experiment_file or "<api>",
+        model=model,
+        data=data,
+        validation_data=validation_data,
+        config=dict(config),
+        targets=dict(targets or {}),
+        module_path=experiment_file,
+    )
+    spec = _Spec(experiment, params, tuple(target) if target else None)
+    trainable = tune.with_resources(
+        tune.with_parameters(_trial, spec=spec),
+        resources=lambda cfg: _trial_resources(cfg, spec, cluster),
+    )
+    asha = None
+    if scheduler == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        asha = ASHAScheduler(max_t=int(config.get("epochs", 1)), grace_period=1)
+    storage = os.path.abspath(storage_path or "raytf-sweeps")
+    name = name or time.strftime("sweep-%Y%m%d-%H%M%S")
+    tuner = tune.Tuner(
+        trainable,
+        param_space=dict(space),
+        tune_config=tune.TuneConfig(
+            metric=metric,
+            mode=mode,
+            scheduler=asha,
+            num_samples=num_samples,
+            max_concurrent_trials=max_concurrent_trials,
+        ),
+        run_config=tune.RunConfig(storage_path=storage, name=name, verbose=1 if verbose else 0),
+    )
+    started = time.time()
+    grid = tuner.fit()
+    wall = time.time() - started
+    rows = rank(grid, metric, mode, tuple(space), int(config.get("epochs", 1)))
+    path = os.path.join(storage, name)
+    result = SweepResult(
+        grid=grid,
+        metric=metric,
+        mode=mode,
+        rows=rows,
+        wall_time_s=wall,
+        trial_train_s=sum(r["train_s"] or 0 for r in rows),
+        trial_total_s=sum((r["train_s"] or 0) + (r["startup_s"] or 0) for r in rows),
+        path=path,
+        keys=tuple(space),
+    )
+    plot = write_plot(result, os.path.join(path, "sweep.png"))
+    best = write_best_experiment(result, experiment, os.path.join(path, "best.yaml"))
+    return dataclasses.replace(result, plot_path=plot, best_experiment_path=best)
+
+
+__all__: Sequence[str] = ("SweepResult", "sweep")
