@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +21,8 @@ from raytf.errors import ConfigError, PlacementError
 #: Objectives that are not per-epoch metrics.
 THROUGHPUT = "throughput"
 TIME_TO_TARGET = "time_to_target_s"
+#: Reported as time_to_target_s until the target is reached (Tune's loggers reject inf).
+NEVER = 1e12
 
 
 @dataclass(frozen=True)
@@ -65,16 +66,16 @@ class _TuneReport(Callback):
             key, value = self.target
             if key in logs and _better_or_equal(logs[key], value, _infer_mode(key)):
                 self.reached = train_s
-        tune.report(
-            {
-                **logs,
-                **self.resources,
-                "epoch": epoch + 1,
-                "train_s": train_s,
-                "startup_s": self.started - self.created,
-                TIME_TO_TARGET: self.reached if self.reached is not None else math.inf,
-            }
-        )
+        report = {
+            **logs,
+            **self.resources,
+            "epoch": epoch + 1,
+            "train_s": train_s,
+            "startup_s": self.started - self.created,
+        }
+        if self.target:
+            report[TIME_TO_TARGET] = self.reached if self.reached is not None else NEVER
+        tune.report(report)
 
 
 def _better_or_equal(got: float, want: float, mode: str) -> bool:

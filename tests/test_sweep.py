@@ -97,3 +97,26 @@ def test_bad_sweep_arguments_fail_before_tune(ray_with_gpus):
             metric="time_to_target_s",
             global_batch_size=8,
         )
+
+
+def test_asha_runs_and_marks_what_it_stopped(ray_with_gpus, tmp_path):
+    from ray import tune
+
+    result = raytf.sweep(
+        workloads.mlp_lr,
+        workloads.data,
+        space={"lr": tune.grid_search([1e-5, 1e-4, 0.03]), "layout": "towers"},
+        metric="loss",
+        scheduler="asha",
+        use_gpu=False,
+        global_batch_size=64,
+        epochs=3,
+        storage_path=str(tmp_path),
+        name="asha",
+        verbose=False,
+    )
+    assert result.mode == "min" and len(result.rows) == 3
+    for row in result.rows:  # which trials ASHA stops depends on arrival order
+        want = "ok" if row["epochs"] == 3 else "stopped early"
+        assert row["status"] == want
+    assert result.best_config["lr"] == 0.03  # the only rate that learns in 3 epochs

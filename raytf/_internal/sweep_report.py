@@ -74,7 +74,7 @@ def _fmt(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        if math.isinf(value):
+        if math.isinf(value) or value >= 1e12:  # raytf.sweep.NEVER: target not reached
             return "never"
         return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4f}"
     return str(value)
@@ -130,7 +130,7 @@ def write_plot(result: Any, path: str) -> str | None:
     panels = [("examples/s (steady state)", [r["throughput"] or 0 for r in rows])]
     if result.metric != "throughput":
         values = [r["value"] for r in rows]
-        values = [0 if v is None or math.isinf(v) else v for v in values]
+        values = [0 if v is None or math.isinf(v) or v >= 1e12 else v for v in values]
         panels.append((f"{result.metric} ({result.mode})", values))
     fig, axes = plt.subplots(
         1, len(panels), figsize=(6 * len(panels), 0.6 * len(rows) + 1.5), squeeze=False
