@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,15 +41,51 @@ class Plan:
         )
 
 
+#: How long to wait for a cluster's GCS port to answer before calling it unreachable.
+PROBE_TIMEOUT_S = 10.0
+
+
+def _probe(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Fail fast when no Ray cluster answers at ``address``: ray.init retries for minutes."""
+    if address.startswith("ray://"):
+        return  # Ray Client has its own connection timeout
+    target = address
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address_or_die
+
+        try:
+            target = canonicalize_bootstrap_address_or_die("auto")
+        except ConnectionError as exc:
+            raise ConfigError(
+                f"address='auto' but no running Ray cluster was found on this machine ({exc}). "
+                "Start one with `ray start --head` or `ray up cluster.yaml`, or drop --address "
+                "to train on a private local Ray."
+            ) from None
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(
+            f"Ray address {address!r} is not 'auto', 'host:port' or 'ray://host:port'."
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"No Ray cluster answers at {target} ({exc}; waited up to {timeout:g}s). Start one "
+            "(`ray start --head`, `ray up cluster.yaml`), or fix --address / RAY_ADDRESS."
+        ) from None
+
+
 def connect(address: str | None = None) -> None:
     """Join the Ray cluster at ``address`` ("auto" for a running one), or start a local one."""
     import ray
 
     if ray.is_initialized():
         return
-    if address in (None, "", "local"):
-        ray.init(include_dashboard=False, logging_level=logging.WARNING)
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address in (None, "local"):
+        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
     else:
+        _probe(address)
         ray.init(address=address, logging_level=logging.WARNING)
 
 

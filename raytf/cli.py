@@ -120,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--address", default=os.environ.get("RAYTF_ADDRESS"))
     swp.add_argument("--quiet", action="store_true", help="no live Tune progress")
 
+    doc = sub.add_parser("doctor", help="check versions, GPUs, the cluster and node-to-node TCP")
+    doc.add_argument(
+        "--address",
+        default=os.environ.get("RAYTF_ADDRESS"),
+        help="Ray address ('auto' for a running cluster); default: a local Ray",
+    )
+    doc.add_argument("--timeout", type=float, default=60.0, help="seconds per check")
+
     sub.add_parser("layouts", help="list the registered layout names")
     return parser
 
@@ -247,6 +255,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_plan(args)
         if args.command == "sweep":
             return _cmd_sweep(args)
+        if args.command == "doctor":
+            from raytf._internal.doctor import run_doctor
+
+            return run_doctor(args.address, timeout=args.timeout)
         return _cmd_run(args)
     except WorkerError as exc:
         print(f"raytf: error: {exc}", file=sys.stderr)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -64,6 +65,26 @@ def test_replicas_with_shaping_flags():
         "plan", "--nodes", "8:0,8:0", "--layout", "all-reduce", "--workers", "2", "--replicas", "4"
     )
     assert out.returncode == 2 and "replicas=4 disagrees" in out.stderr
+
+
+def test_unreachable_cluster_fails_fast():
+    with socket.socket() as s:  # a port with nobody behind it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = raytf("plan", "--address", f"127.0.0.1:{port}", timeout=60)
+    assert out.returncode == 2 and "No Ray cluster answers at 127.0.0.1" in out.stderr
+    doctor = raytf("doctor", "--address", f"127.0.0.1:{port}", timeout=60)
+    assert doctor.returncode == 1
+    assert "[FAIL] ray cluster" in doctor.stdout and "fix: start one" in doctor.stdout
+
+
+@pytest.mark.slow
+def test_doctor_on_a_fresh_local_ray():
+    out = raytf("doctor", timeout=200)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    for name in ("python", "tensorflow", "ray", "ray cluster", "gpus", "node-to-node tcp"):
+        assert f"[  ok] {name} " in out.stdout
+    assert "6/6 checks passed" in out.stdout
 
 
 def test_shaping_flags_need_a_named_layout():

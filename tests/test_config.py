@@ -82,6 +82,8 @@ def test_batch_that_cannot_split_says_what_to_use():
         (lambda: raytf.AllReduce(communication="nccl"), "needs GPUs"),
         (lambda: raytf.AllReduce(devices=2), "one CPU device per worker"),
         (lambda: raytf.Timeouts(peers_s=0), "peers_s must be a positive number"),
+        (lambda: raytf.InGraph(devices=0.5, use_gpu=True), "fraction of a GPU.*whole GPUs"),
+        (lambda: raytf.AllReduce(devices=0.25, use_gpu=True), "cannot share one"),
     ],
 )
 def test_layout_objects_validate(make, message):

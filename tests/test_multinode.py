@@ -78,6 +78,11 @@ def test_all_reduce_workers_spread_over_the_one_gpu_nodes(cluster):
         ray.kill(hog)
     nodes = {w["node_id"] for w in result.workers}
     assert nodes == cluster["one_gpu"]  # one worker on each 1-GPU node
+    # The cluster spec each worker received names the address that worker bound on its node.
+    for w in result.workers:
+        host, port = w["address"].rsplit(":", 1)
+        assert host == w["node_ip"] and int(port) > 0
+    assert len({w["address"] for w in result.workers}) == 2
     assert all(len(w["gpu_ids"]) == 1 for w in result.workers)
     assert len({w["fingerprint"] for w in result.workers}) == 1
     assert result.history["loss"][-1] < result.history["loss"][0]

@@ -85,7 +85,8 @@ class TrainWorker:
             self._socket.close()
             self._socket = None
         self.strategy = engine.make_strategy(spec, self.devices)
-        return {"devices": self.devices, "device_kind": self.device_kind}
+        address = spec.cluster["worker"][spec.worker_index] if spec.cluster else None
+        return {"devices": self.devices, "device_kind": self.device_kind, "address": address}
 
     @surface_errors
     def build(self, job: Any) -> dict[str, Any]:

@@ -35,7 +35,7 @@ class AllReduce(Layout):
 
     def __post_init__(self) -> None:
         check_positive_int("AllReduce", "workers", self.workers)
-        check_positive_int("AllReduce", "devices", self.devices)
+        check_positive_int("AllReduce", "devices", self.devices, self.use_gpu)
         if self.communication not in COMMUNICATIONS:
             raise ConfigError(
                 f"AllReduce: unknown communication {self.communication!r}; choose one of "

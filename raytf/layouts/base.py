@@ -12,7 +12,13 @@ if TYPE_CHECKING:
     from raytf._internal.spec import StrategySpec
 
 
-def check_positive_int(owner: str, name: str, value: Any) -> None:
+def check_positive_int(owner: str, name: str, value: Any, use_gpu: bool = False) -> None:
+    if use_gpu and isinstance(value, float) and 0 < value < 1:
+        raise ConfigError(
+            f"{owner}: {name}={value!r} asks for a fraction of a GPU. raytf gives TensorFlow "
+            "whole GPUs: TensorFlow maps a GPU's memory per process and cannot share one "
+            f"safely between actors. Use {name}=1 or more."
+        )
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(
             f"{owner}: {name} must be a positive integer, received {value!r}. "

@@ -34,7 +34,7 @@ class InGraph(Layout):
     cpus_per_worker: float = 1
 
     def __post_init__(self) -> None:
-        check_positive_int("InGraph", "devices", self.devices)
+        check_positive_int("InGraph", "devices", self.devices, self.use_gpu)
         if self.engine not in ENGINES:
             raise ConfigError(
                 f"InGraph: unknown engine {self.engine!r}; choose one of {list(ENGINES)}."
