@@ -28,7 +28,7 @@ def local_ray():
     """One real local Ray per test module (4 CPUs declared on a 2-core machine)."""
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
 

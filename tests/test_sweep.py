@@ -16,7 +16,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def ray_with_gpus():
     import ray
 
-    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, logging_level="WARNING")
+    ray.init(
+        address="local", num_cpus=4, num_gpus=2, include_dashboard=False, logging_level="WARNING"
+    )
     yield ray
     ray.shutdown()
 
