@@ -122,7 +122,8 @@ def choose_layout(
         raise PlacementError(
             f"{replicas} {device} replica(s){defaulted} can never be placed: the cluster has "
             f"{have} {device}(s) in all [{facts}]. Ask for at most {have} replicas, "
-            "or add nodes."
+            "or add nodes (an autoscaling cluster counts only the nodes that are up: raise "
+            "min_workers or call ray.autoscaler.sdk.request_resources first)."
         )
     workers = replicas // d
     return Choice(
