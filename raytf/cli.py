@@ -219,7 +219,15 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             "or a `space:` block in the YAML, e.g. space: {layout: {grid_search: [towers, "
             "all-reduce]}}."
         )
-    target = (args.target[0], float(args.target[1])) if args.target else None
+    target = None
+    if args.target:
+        try:
+            target = (args.target[0], float(args.target[1]))
+        except ValueError:
+            raise raytf.ConfigError(
+                f"--target takes a metric and a number, received {args.target!r}; e.g. "
+                "--target val_accuracy 0.95."
+            ) from None
     result = raytf.sweep(
         experiment.model,
         experiment.data,

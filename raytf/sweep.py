@@ -15,14 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from raytf._internal.sweep_report import NEVER, merge_config
 from raytf.callbacks import Callback, RunInfo
 from raytf.errors import ConfigError, PlacementError
 
 #: Objectives that are not per-epoch metrics.
 THROUGHPUT = "throughput"
 TIME_TO_TARGET = "time_to_target_s"
-#: Reported as time_to_target_s until the target is reached (Tune's loggers reject inf).
-NEVER = 1e12
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ class _TuneReport(Callback):
         train_s = time.time() - self.started
         if self.target and self.reached is None:
             key, value = self.target
-            if key in logs and _better_or_equal(logs[key], value, _infer_mode(key)):
+            if key in logs and _better_or_equal(logs[key], value, infer_mode(key) or "max"):
                 self.reached = train_s
         report = {
             **logs,
@@ -82,8 +81,17 @@ def _better_or_equal(got: float, want: float, mode: str) -> bool:
     return got >= want if mode == "max" else got <= want
 
 
-def _infer_mode(metric: str) -> str:
-    return "min" if ("loss" in metric or "error" in metric or metric == TIME_TO_TARGET) else "max"
+_MAXIMISE = ("accuracy", "acc", "auc", "precision", "recall", "throughput", "examples_per_second")
+_MINIMISE = ("loss", "error", "mse", "mae")
+
+
+def infer_mode(metric: str) -> str | None:
+    """'max' or 'min' for metric names whose direction is clear; None when it is not."""
+    if metric.endswith("_s") or any(word in metric for word in _MINIMISE):
+        return "min"
+    if any(word in metric for word in _MAXIMISE):
+        return "max"
+    return None
 
 
 def _trial(config: dict[str, Any], spec: _Spec) -> None:
@@ -92,26 +100,10 @@ def _trial(config: dict[str, Any], spec: _Spec) -> None:
     from raytf.api import current_cluster, fit
 
     experiment = dataclasses.replace(
-        spec.experiment, config=_merge(spec.experiment.config, config, spec.model_params)
+        spec.experiment, config=merge_config(spec.experiment.config, config, spec.model_params)
     )
     kwargs = fit_kwargs(experiment, current_cluster())
     fit(**kwargs, callbacks=[_TuneReport(spec.target)], verbose=False)
-
-
-def _merge(base: Mapping[str, Any], sampled: Mapping[str, Any], model_params: frozenset[str]):
-    """Sampled values over the base config; model-builder parameters go under model_args."""
-    merged = dict(base)
-    model_args = dict(base.get("model_args") or {})
-    for key, value in sampled.items():
-        if key in model_params:
-            model_args[key] = value
-        elif key == "model_args":
-            model_args.update(value)
-        else:
-            merged[key] = value
-    if model_args:
-        merged["model_args"] = model_args
-    return merged
 
 
 def _model_params(model: Callable[..., Any]) -> frozenset[str]:
@@ -146,7 +138,7 @@ def _trial_resources(config: Mapping[str, Any], spec: _Spec, cluster: Any) -> An
     from raytf._internal.experiment import layout_from_config
     from raytf.api import plan
 
-    merged = _merge(spec.experiment.config, config, spec.model_params)
+    merged = merge_config(spec.experiment.config, config, spec.model_params)
     try:
         layout = layout_from_config(merged, cluster)
         chosen = plan(
@@ -158,7 +150,9 @@ def _trial_resources(config: Mapping[str, Any], spec: _Spec, cluster: Any) -> An
     except (PlacementError, ConfigError):
         # Never fits: a token reservation, so the trial starts and reports why at once.
         return tune.PlacementGroupFactory([{"CPU": 0.01}])
-    return tune.PlacementGroupFactory([{}, *chosen.bundles], strategy="PACK")
+    return tune.PlacementGroupFactory(
+        [{}, *chosen.bundles], strategy=chosen.layout.placement_strategy
+    )
 
 
 @dataclass(frozen=True)
@@ -179,7 +173,10 @@ class SweepResult:
 
     @property
     def best_config(self) -> dict[str, Any] | None:
-        ok = [r for r in self.rows if r["status"] in ("ok", "stopped early")]
+        """The top row's configuration; None if no trial produced the metric (or its target)."""
+        from raytf._internal.sweep_report import has_value
+
+        ok = [r for r in self.rows if has_value(r)]
         return dict(ok[0]["config"]) if ok else None
 
     def table(self) -> str:
@@ -239,9 +236,27 @@ def sweep(
         not isinstance(target, (tuple, list)) or len(target) != 2 or not isinstance(target[0], str)
     ):
         raise ConfigError(f"target must be (metric name, value), received {target!r}.")
-    mode = mode or _infer_mode(metric)
+    mode = mode or infer_mode(metric)
     if mode not in ("min", "max"):
-        raise ConfigError(f"mode must be 'min' or 'max', received {mode!r}.")
+        raise ConfigError(
+            f"mode must be 'min' or 'max', received {mode!r}: raytf cannot tell from the name "
+            f"{metric!r} whether higher is better; pass mode='max' or mode='min'."
+        )
+    if metric.startswith("val_") and validation_data is None:
+        raise ConfigError(
+            f"metric={metric!r} is a validation metric but no validation_data= was given; "
+            "pass validation_data=, or rank by a training metric or 'throughput'."
+        )
+    shared = sorted({"checkpoint_dir", "resume"} & (set(config) | set(space)))
+    if shared:
+        raise ConfigError(
+            f"{shared} cannot be set for a sweep: every trial would write to (and resume "
+            "from) the same directory. Rerun the best configuration with checkpoints instead."
+        )
+    if scheduler == "asha" and "epochs" in space:
+        raise ConfigError(
+            "scheduler='asha' needs the same epochs for every trial; set epochs= outside the space."
+        )
     if scheduler not in (None, "asha"):
         raise ConfigError(f"scheduler must be None or 'asha', received {scheduler!r}.")
     if scheduler == "asha" and metric in (THROUGHPUT, TIME_TO_TARGET):
@@ -304,7 +319,7 @@ def sweep(
         keys=tuple(space),
     )
     plot = write_plot(result, os.path.join(path, "sweep.png"))
-    best = write_best_experiment(result, experiment, os.path.join(path, "best.yaml"))
+    best = write_best_experiment(result, experiment, params, os.path.join(path, "best.yaml"))
     return dataclasses.replace(result, plot_path=plot, best_experiment_path=best)
 
 

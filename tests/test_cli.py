@@ -79,6 +79,7 @@ def test_unreachable_cluster_fails_fast():
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_doctor_on_a_fresh_local_ray():
     out = raytf("doctor", timeout=200)
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
@@ -93,6 +94,7 @@ def test_shaping_flags_need_a_named_layout():
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_run_yaml_experiment_all_reduce_and_miss_the_target(tmp_path):
     exp = tmp_path / "short.yaml"
     exp.write_text(
@@ -108,6 +110,7 @@ def test_run_yaml_experiment_all_reduce_and_miss_the_target(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_sweep_yaml_writes_a_ranked_table_and_a_rerunnable_best(tmp_path):
     exp = tmp_path / "sweep.yaml"
     exp.write_text(

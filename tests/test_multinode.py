@@ -86,3 +86,18 @@ def test_all_reduce_workers_spread_over_the_one_gpu_nodes(cluster):
     assert all(len(w["gpu_ids"]) == 1 for w in result.workers)
     assert len({w["fingerprint"] for w in result.workers}) == 1
     assert result.history["loss"][-1] < result.history["loss"][0]
+
+
+def test_doctor_checks_every_node(cluster):
+    import io
+
+    from raytf._internal.doctor import run_doctor
+
+    out = io.StringIO()
+    code = run_doctor(None, out=out, timeout=120)  # joins the running test cluster
+    text = out.getvalue()
+    # Fake GPUs: Ray declares them, TensorFlow (CPU build) sees none, on each GPU node.
+    assert code == 1 and "[FAIL] gpus" in text
+    assert text.count("TensorFlow sees 0, Ray declares") == 3
+    assert "fix: pip install 'raytf[gpu]'" in text
+    assert "[  ok] node-to-node tcp  between two nodes: connected to" in text

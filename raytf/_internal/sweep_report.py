@@ -2,13 +2,43 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
 
 OK = ("ok", "stopped early")
+#: Reported as time_to_target_s until the target is reached (Tune's loggers reject inf).
+NEVER = 1e12
+
+
+def merge_config(
+    base: Mapping[str, Any], sampled: Mapping[str, Any], model_params: frozenset[str]
+) -> dict[str, Any]:
+    """Sampled values over the base config; model-builder parameters go under model_args."""
+    merged = dict(base)
+    model_args = dict(base.get("model_args") or {})
+    for key, value in sampled.items():
+        if key in model_params:
+            model_args[key] = value
+        elif key == "model_args":
+            model_args.update(value)
+        else:
+            merged[key] = value
+    if model_args:
+        merged["model_args"] = model_args
+    return merged
+
+
+def has_value(row: dict[str, Any]) -> bool:
+    """A finished trial that produced its metric (and, for a target, reached it)."""
+    value = row["value"]
+    if row["status"] not in OK or value is None:
+        return False
+    return not (isinstance(value, float) and (math.isnan(value) or value >= NEVER))
 
 
 def _error_text(error: BaseException) -> str:
@@ -38,7 +68,8 @@ def rank(grid: Any, metric: str, mode: str, keys: tuple[str, ...], epochs: int) 
             error = _error_text(res.error)
             status = "impossible" if "PlacementError" in error else "error"
         else:
-            status = "ok" if metrics.get("epoch", 0) >= epochs else "stopped early"
+            wanted = res.config.get("epochs", epochs)  # epochs may be part of the space
+            status = "ok" if metrics.get("epoch", 0) >= wanted else "stopped early"
         rows.append(
             {
                 "trial": i,
@@ -56,7 +87,7 @@ def rank(grid: Any, metric: str, mode: str, keys: tuple[str, ...], epochs: int) 
 
     def key(row: dict) -> tuple:
         value = row["value"]
-        missing = value is None or (isinstance(value, float) and math.isnan(value))
+        missing = not has_value(row)
         score = 0.0 if missing else (-value if mode == "max" else value)
         # Ties on the objective go to the faster configuration.
         return (
@@ -74,7 +105,7 @@ def _fmt(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        if math.isinf(value) or value >= 1e12:  # raytf.sweep.NEVER: target not reached
+        if math.isinf(value) or value >= NEVER:  # the target was not reached
             return "never"
         return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4f}"
     return str(value)
@@ -130,7 +161,7 @@ def write_plot(result: Any, path: str) -> str | None:
     panels = [("examples/s (steady state)", [r["throughput"] or 0 for r in rows])]
     if result.metric != "throughput":
         values = [r["value"] for r in rows]
-        values = [0 if v is None or math.isinf(v) or v >= 1e12 else v for v in values]
+        values = [0 if v is None or math.isinf(v) or v >= NEVER else v for v in values]
         panels.append((f"{result.metric} ({result.mode})", values))
     fig, axes = plt.subplots(
         1, len(panels), figsize=(6 * len(panels), 0.6 * len(rows) + 1.5), squeeze=False
@@ -153,19 +184,30 @@ def write_plot(result: Any, path: str) -> str | None:
     return path
 
 
-def write_best_experiment(result: Any, experiment: Any, path: str) -> str | None:
-    """The best configuration as a YAML experiment that `raytf run` takes."""
-    from raytf.sweep import _merge
+def _plain(value: Any) -> Any:
+    """A layout object as the config keys that rebuild it; other values unchanged."""
+    from raytf._internal.experiment import LAYOUT_KEYS
+    from raytf.layouts import Layout
 
+    if not isinstance(value, Layout):
+        return value
+    fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    keep = {k: v for k, v in fields.items() if k in LAYOUT_KEYS or k == "use_gpu"}
+    return {"layout": value.name, **keep}
+
+
+def write_best_experiment(
+    result: Any, experiment: Any, model_params: frozenset[str], path: str
+) -> str | None:
+    """The best configuration as a YAML experiment that `raytf run` takes."""
     best = result.best_config
-    source = getattr(experiment, "module_path", None)
-    if best is None or not source:
+    if best is None or not getattr(experiment, "module_path", None):
         return None
-    params = frozenset(
-        k for k in best if k not in experiment.config and k in _model_params_of(experiment)
-    )
-    config = _merge(experiment.config, best, params)
-    document = {"experiment": os.path.abspath(source), "config": config}
+    config = merge_config(experiment.config, best, model_params)
+    layout = config.pop("layout", None)
+    plain = _plain(layout)
+    config.update(plain if isinstance(plain, dict) else {"layout": plain} if plain else {})
+    document = {"experiment": os.path.abspath(experiment.module_path), "config": config}
     if experiment.targets:
         document["targets"] = dict(experiment.targets)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -173,9 +215,3 @@ def write_best_experiment(result: Any, experiment: Any, path: str) -> str | None
         f.write(f"# Best of the sweep in {result.path}, by {result.metric} ({result.mode}).\n")
         yaml.safe_dump(document, f, sort_keys=False)
     return path
-
-
-def _model_params_of(experiment: Any) -> frozenset[str]:
-    from raytf.sweep import _model_params
-
-    return _model_params(experiment.model)
