@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import selectors
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -24,20 +26,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for_line(proc: subprocess.Popen, needle: str, timeout: float) -> str:
-    """Read the process's output until ``needle`` appears; fail after ``timeout`` seconds."""
-    seen = []
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
+class _Output:
+    """Drains a process's output on a thread (a full pipe would block it) into a queue."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        self._proc = proc
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self._proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def wait_for(self, needle: str, timeout: float) -> None:
+        """Return once a line contains ``needle``; fail after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
         while True:
-            if not sel.select(timeout=timeout):
-                raise TimeoutError(f"no {needle!r} within {timeout}s:\n{''.join(seen)[-3000:]}")
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"ray start exited:\n{''.join(seen)[-3000:]}")
-            seen.append(line)
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(
+                    f"no {needle!r} within {timeout}s:\n{''.join(self.seen)[-3000:]}"
+                ) from None
+            if line is None:
+                raise RuntimeError(f"ray start exited:\n{''.join(self.seen)[-3000:]}")
+            self.seen.append(line)
             if needle in line:
-                return "".join(seen)
+                return
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +84,7 @@ def head(tmp_path_factory):
         start_new_session=True,
     )
     try:
-        _wait_for_line(proc, "Ray runtime started", timeout=120)
+        _Output(proc).wait_for("Ray runtime started", timeout=120)
         yield f"http://127.0.0.1:{dashboard}"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # --block: ray stops what it started
