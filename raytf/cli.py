@@ -152,7 +152,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     import raytf
-    from raytf._internal.experiment import Experiment, layout_from_config, load_experiment
+    from raytf._internal.experiment import Experiment, load_experiment, placement_args
 
     if args.experiment:
         experiment = load_experiment(args.experiment)
@@ -164,10 +164,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     else:
         raytf.api.connect(args.address)
         cluster = raytf.api.current_cluster()
-    layout = layout_from_config(config, cluster)
-    replicas = config.get("replicas") if isinstance(layout, str) else None
-    use_gpu = config.get("use_gpu") if isinstance(layout, str) else None
-    print(raytf.plan(layout, replicas=replicas, use_gpu=use_gpu, cluster=cluster))
+    print(raytf.plan(**placement_args(config, cluster), cluster=cluster))
     return 0
 
 

@@ -135,18 +135,12 @@ def _trial_resources(config: Mapping[str, Any], spec: _Spec, cluster: Any) -> An
     """The trial's placement group: an empty head bundle plus its layout's bundles."""
     from ray import tune
 
-    from raytf._internal.experiment import layout_from_config
+    from raytf._internal.experiment import placement_args
     from raytf.api import plan
 
     merged = merge_config(spec.experiment.config, config, spec.model_params)
     try:
-        layout = layout_from_config(merged, cluster)
-        chosen = plan(
-            layout,
-            replicas=merged.get("replicas") if isinstance(layout, str) else None,
-            use_gpu=merged.get("use_gpu") if isinstance(layout, str) else None,
-            cluster=cluster,
-        )
+        chosen = plan(**placement_args(merged, cluster), cluster=cluster)
     except (PlacementError, ConfigError):
         # Never fits: a token reservation, so the trial starts and reports why at once.
         return tune.PlacementGroupFactory([{"CPU": 0.01}])

@@ -235,6 +235,15 @@ def layout_from_config(config: Mapping[str, Any], cluster: ClusterInfo) -> str |
     return layout
 
 
+def placement_args(config: Mapping[str, Any], cluster: ClusterInfo) -> dict[str, Any]:
+    """``layout`` for raytf.plan/fit, with ``replicas``/``use_gpu`` only for a layout name
+    (a layout object already fixes both)."""
+    layout = layout_from_config(config, cluster)
+    if not isinstance(layout, str):
+        return {"layout": layout}
+    return {"layout": layout, "replicas": config.get("replicas"), "use_gpu": config.get("use_gpu")}
+
+
 def model_builder(model: Callable[[], Any], args: Mapping[str, Any] | None) -> Callable[[], Any]:
     """The builder with ``model_args`` bound; unknown names fail here, not in an actor."""
     if not args:
@@ -260,10 +269,9 @@ def fit_kwargs(experiment: Experiment, cluster: ClusterInfo) -> dict[str, Any]:
     kwargs["model"] = model_builder(experiment.model, config.get(MODEL_ARGS))
     kwargs["data"] = experiment.data
     kwargs["validation_data"] = experiment.validation_data
-    kwargs["layout"] = layout_from_config(config, cluster)
-    if not isinstance(kwargs["layout"], str):
-        kwargs.pop("replicas", None)
-        kwargs.pop("use_gpu", None)
+    kwargs.pop("replicas", None)
+    kwargs.pop("use_gpu", None)
+    kwargs.update(placement_args(config, cluster))
     if "global_batch_size" not in kwargs:
         raise ConfigError(
             f"{experiment.path}: no global_batch_size; set it in the file's config or pass "
