@@ -15,7 +15,7 @@ from raytf.errors import (
     StartupTimeoutError,
     WorkerError,
 )
-from raytf.layouts import AllReduce, InGraph, Layout, layout_names
+from raytf.layouts import AllReduce, InGraph, Layout, ParameterServer, layout_names
 from raytf.result import FitResult
 from raytf.sweep import SweepResult, sweep
 
@@ -29,6 +29,7 @@ __all__ = [
     "InGraph",
     "InputContext",
     "Layout",
+    "ParameterServer",
     "PlacementError",
     "Plan",
     "ProgressLogger",

@@ -225,10 +225,8 @@ def fit(
     chosen = plan(layout, replicas=replicas, use_gpu=use_gpu, address=address)
     check_batch_split(global_batch_size, chosen.layout.num_replicas)
 
-    from raytf._internal.coordinator import Coordinator
-
     hooks = [ProgressLogger(), *callbacks] if verbose else list(callbacks)
-    return Coordinator(
+    return chosen.layout.coordinator_cls()(
         chosen.layout,
         job,
         timeouts,

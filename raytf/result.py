@@ -17,7 +17,8 @@ class FitResult:
 
     ``weights`` load into your own model with ``model.set_weights(result.weights)``;
     ``model_path`` is a ``.keras`` file (``load_model()`` reads it). ``throughput`` is global
-    examples per second after the first (tracing) step; ``worker_throughput`` is per worker.
+    examples per second after the first (tracing) step; ``worker_throughput`` is per worker;
+    ``workers`` has a row per worker actor (where it ran, its step rate and timing).
     """
 
     layout: Layout
@@ -33,6 +34,13 @@ class FitResult:
     model_path: str | None
     checkpoint: str | None
     workers: list[dict[str, Any]] = field(repr=False)
+    #: Parameter-server layouts: each server's load (pushes, pulls, bytes, busy seconds).
+    servers: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    #: Parameter-server layouts: how stale the applied gradients were (in versions of the
+    #: server's weights) and how far workers ran ahead of the slowest (in steps), as
+    #: ``{"histogram": {value: count}, "p50": ..., "p90": ..., "p99": ..., "max": ...}``.
+    staleness: dict[str, Any] | None = None
+    steps_ahead: dict[str, Any] | None = None
 
     def load_model(self, **kwargs: Any) -> Any:
         """The final model as a ``keras.Model``, read from :attr:`model_path`."""

@@ -73,33 +73,54 @@ class WorkerGroup:
         self.actors: list[Any] = []
         self.names: list[str] = []
 
-    def spawn(self) -> None:
-        remote_cls = ray.remote(TrainWorker)
-        for i, bundle in enumerate(self.layout.bundles()):
-            name = f"worker-{i}" if self.layout.num_workers > 1 else "worker"
-            if self.placement is not None:
-                strategy = PlacementGroupSchedulingStrategy(
-                    self.placement,
-                    placement_group_bundle_index=i,
-                    placement_group_capture_child_tasks=True,
-                )
-            else:  # inside a caller's placement group (a Tune trial): actors land in it
-                strategy = None
-            actor = remote_cls.options(
+    worker_cls: type = TrainWorker
+
+    def _spawn(self, cls: type, index: int, bundle: dict[str, float], *args: Any) -> Any:
+        """Start one actor of ``cls`` on bundle ``index`` of the placement group."""
+        if self.placement is not None:
+            strategy = PlacementGroupSchedulingStrategy(
+                self.placement,
+                placement_group_bundle_index=index,
+                placement_group_capture_child_tasks=True,
+            )
+        else:  # inside a caller's placement group (a Tune trial): actors land in it
+            strategy = None
+        return (
+            ray.remote(cls)
+            .options(
                 num_cpus=bundle.get("CPU", 0),
                 num_gpus=bundle.get("GPU", 0),
                 max_restarts=0,
                 scheduling_strategy=strategy,
-            ).remote(name)
-            self.actors.append(actor)
+            )
+            .remote(*args)
+        )
+
+    def spawn(self) -> None:
+        workers = self.layout.num_workers
+        for i, bundle in enumerate(self.layout.bundles()[:workers]):
+            name = f"worker-{i}" if workers > 1 else "worker"
+            self.actors.append(self._spawn(self.worker_cls, i, bundle, name))
             self.names.append(name)
 
     def call(
         self, method: str, args: Sequence[tuple] | None, timeout_s: float, phase: str
     ) -> list[Any]:
-        """Call ``method`` on every actor; fail fast on the first error, bounded by a timeout."""
-        args = args if args is not None else [()] * len(self.actors)
-        refs = [getattr(a, method).remote(*a_args) for a, a_args in zip(self.actors, args)]
+        """Call ``method`` on every worker; fail fast on the first error, bounded by a timeout."""
+        return self.call_on(self.actors, self.names, method, args, timeout_s, phase)
+
+    def call_on(
+        self,
+        actors: Sequence[Any],
+        names: Sequence[str],
+        method: str,
+        args: Sequence[tuple] | None,
+        timeout_s: float,
+        phase: str,
+    ) -> list[Any]:
+        """Call ``method`` on ``actors``: the first error wins; a timeout names the laggards."""
+        args = args if args is not None else [()] * len(actors)
+        refs = [getattr(a, method).remote(*a_args) for a, a_args in zip(actors, args)]
         index = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
         deadline = time.monotonic() + timeout_s
@@ -108,12 +129,12 @@ class WorkerGroup:
                 pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
             )
             if not ready:
-                missing = sorted(self.names[index[r]] for r in pending)
+                missing = sorted(names[index[r]] for r in pending)
                 raise StartupTimeoutError(self._timeout_message(phase, timeout_s, missing))
             try:
                 ray.get(ready[0])
             except Exception as exc:
-                raise _unwrap(exc, self.names[index[ready[0]]]) from None
+                raise _unwrap(exc, names[index[ready[0]]]) from None
         return ray.get(refs)
 
     @staticmethod
@@ -158,7 +179,14 @@ def reserve(layout: Layout, timeout_s: float) -> PlacementGroup | None:
 
 
 class Coordinator:
-    """Runs one layout end to end. ``group_cls`` is the swap point for tests."""
+    """Runs one layout end to end. ``group_cls`` is the swap point for tests.
+
+    Layouts with more than worker actors (parameter servers) subclass it and fill the hooks:
+    ``_prepare`` after the model is built, ``_before_epoch``/``_after_epoch`` around each
+    epoch, and ``_report`` for what the result adds.
+    """
+
+    group_class: type[WorkerGroup] = WorkerGroup
 
     def __init__(
         self,
@@ -167,7 +195,7 @@ class Coordinator:
         timeouts: Timeouts,
         explanation: str,
         callbacks: Sequence[Callback] = (),
-        group_cls: type[WorkerGroup] = WorkerGroup,
+        group_cls: type[WorkerGroup] | None = None,
         model_dir: str | None = None,
         started: float | None = None,
     ) -> None:
@@ -176,7 +204,7 @@ class Coordinator:
         self.timeouts = timeouts
         self.explanation = explanation
         self.callbacks = list(callbacks)
-        self.group_cls = group_cls
+        self.group_cls = group_cls or self.group_class
         self.model_dir = model_dir
         self.started = started  # wall clock of the user's call, for time to first step
 
@@ -219,7 +247,7 @@ class Coordinator:
             val_steps = None
             if job.validation_fn is not None:
                 val_steps = job.validation_steps or min(i["validation_steps"] for i in infos)
-            start_epoch = _agreed_start(infos, job)
+            start_epoch = self._prepare(group, infos)
             workers = tuple({**r, **d} for r, d in zip(ready, devices))
             run_info = RunInfo(
                 self.layout,
@@ -240,6 +268,7 @@ class Coordinator:
             durations: list[float] = []
             for epoch in range(start_epoch, job.epochs):
                 t0 = time.perf_counter()
+                self._before_epoch(group, epoch, steps)
                 results = group.call(
                     "run_epoch",
                     [(epoch, steps, val_steps)] * len(workers),
@@ -258,14 +287,17 @@ class Coordinator:
                 global_step = results[0]["global_step"]
                 for cb in self.callbacks:
                     cb.on_epoch_end(epoch, logs)
-                if results[0]["checkpoint"]:
-                    checkpoint = results[0]["checkpoint"]
+                saved = self._after_epoch(group, epoch, results)
+                if saved:
+                    checkpoint = saved
                     for cb in self.callbacks:
                         cb.on_checkpoint(epoch, checkpoint)
 
             finals = group.call(
                 "final", [(i == 0,) for i in range(len(workers))], t.start_s, "final"
             )
+            extra = self._report(group)
+            global_step = extra.pop("global_step", global_step)
         finally:
             if group is not None:
                 group.shutdown()
@@ -276,15 +308,8 @@ class Coordinator:
         model_path = self._write_model(chief.get("model_bytes"))
         throughputs = [f["throughput"] for f in finals]
         firsts = [f["first_step_at"] for f in finals if f["first_step_at"]]
-        worker_rows = [
-            {
-                **w,
-                "fingerprint": f["fingerprint"],
-                "throughput": f["throughput"],
-                **({"model_save_error": f["model_save_error"]} if "model_save_error" in f else {}),
-            }
-            for w, f in zip(workers, finals)
-        ]
+        keep = ("fingerprint", "throughput", "model_save_error", "steps_per_second", "timing")
+        worker_rows = [{**w, **{k: f[k] for k in keep if k in f}} for w, f in zip(workers, finals)]
         result = FitResult(
             layout=self.layout,
             explanation=self.explanation,
@@ -299,10 +324,29 @@ class Coordinator:
             model_path=model_path,
             checkpoint=checkpoint,
             workers=worker_rows,
+            **extra,
         )
         for cb in self.callbacks:
             cb.on_fit_end(result)
         return result
+
+    # ------------------------------------------------------------------ hooks
+    def _prepare(self, group: WorkerGroup, infos: list[dict[str, Any]]) -> int:
+        """After every worker built its model: the epoch to start from."""
+        return _agreed_start(infos, self.job)
+
+    def _before_epoch(self, group: WorkerGroup, epoch: int, steps: int) -> None:
+        """Before the workers start ``epoch``."""
+
+    def _after_epoch(
+        self, group: WorkerGroup, epoch: int, results: list[dict[str, Any]]
+    ) -> str | None:
+        """After every worker finished ``epoch``: the checkpoint written, if any."""
+        return results[0]["checkpoint"]
+
+    def _report(self, group: WorkerGroup) -> dict[str, Any]:
+        """Extra FitResult fields, read before the actors stop."""
+        return {}
 
     def _write_model(self, model_bytes: bytes | None) -> str | None:
         if model_bytes is None:

@@ -105,6 +105,39 @@ def _describe_spec(spec: Any) -> str:
     return repr(tf.nest.map_structure(lambda s: (tuple(s.shape), s.dtype.name), spec))
 
 
+def build_compiled_model(job: Job) -> keras.Model:
+    """The user's model, compiled with its own or the given loss, optimizer and metrics."""
+    model = job.model_fn()
+    if not isinstance(model, keras.Model):
+        raise ConfigError(
+            f"The model function returned {type(model).__name__} ({model!r:.80}), expected a "
+            "keras.Model. Make it `return model`, building a Keras 3 model "
+            "(keras.Sequential, functional or subclassed)."
+        )
+    compiled = getattr(model, "compiled", False) and model.optimizer is not None
+    given = job.loss is not None or job.optimizer is not None
+    if given and compiled:
+        raise ConfigError(
+            "The model function returned a compiled model and loss=/optimizer= were "
+            "passed too; use one: drop the arguments or the model.compile call."
+        )
+    if given:
+        if job.loss is None:
+            raise ConfigError("optimizer= was passed without loss=; pass both.")
+        model.compile(
+            optimizer=_fresh(job.optimizer or "adam"),
+            loss=job.loss,
+            metrics=[_fresh(m) for m in job.metrics] or None,
+        )
+    elif not compiled:
+        raise ConfigError(
+            "The model function returned a model that is not compiled and no loss= was "
+            "given. Call model.compile(optimizer=..., loss=..., metrics=[...]) inside the "
+            "model function, or pass loss= and optimizer= to raytf.fit."
+        )
+    return model
+
+
 class Engine:
     """Builds the model and data under a strategy and runs epochs; one per worker actor."""
 
@@ -165,35 +198,7 @@ class Engine:
         }
 
     def _build_model(self) -> keras.Model:
-        model = self.job.model_fn()
-        if not isinstance(model, keras.Model):
-            raise ConfigError(
-                f"The model function returned {type(model).__name__} ({model!r:.80}), expected a "
-                "keras.Model. Make it `return model`, building a Keras 3 model "
-                "(keras.Sequential, functional or subclassed)."
-            )
-        compiled = getattr(model, "compiled", False) and model.optimizer is not None
-        given = self.job.loss is not None or self.job.optimizer is not None
-        if given and compiled:
-            raise ConfigError(
-                "The model function returned a compiled model and loss=/optimizer= were "
-                "passed too; use one: drop the arguments or the model.compile call."
-            )
-        if given:
-            if self.job.loss is None:
-                raise ConfigError("optimizer= was passed without loss=; pass both.")
-            model.compile(
-                optimizer=_fresh(self.job.optimizer or "adam"),
-                loss=self.job.loss,
-                metrics=[_fresh(m) for m in self.job.metrics] or None,
-            )
-        elif not compiled:
-            raise ConfigError(
-                "The model function returned a model that is not compiled and no loss= was "
-                "given. Call model.compile(optimizer=..., loss=..., metrics=[...]) inside the "
-                "model function, or pass loss= and optimizer= to raytf.fit."
-            )
-        return model
+        return build_compiled_model(self.job)
 
     def _dataset(
         self, fn: Callable[[InputContext], Any], what: str, ctx: InputContext

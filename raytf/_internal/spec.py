@@ -8,6 +8,7 @@ from dataclasses import dataclass
 TOWERS = "towers"  # one tower per device inside one tf.function, gradients averaged by hand
 MIRRORED = "mirrored"  # tf.distribute.MirroredStrategy over the actor's devices
 MULTI_WORKER = "multi-worker"  # tf.distribute.MultiWorkerMirroredStrategy, TF_CONFIG per actor
+PS_TF = "tf-parameter-server"  # a tf.distribute.Server task; the chief runs ParameterServerStrategy
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,10 @@ class StrategySpec:
     num_workers: int = 1
     cluster: dict[str, list[str]] | None = None
     communication: str = "auto"  # "ring" | "nccl" | "auto", for multi-worker
+    role: str = "worker"  # TensorFlow job name: "worker", "ps" or "chief"
 
     @property
     def is_chief(self) -> bool:
-        return self.worker_index == 0
+        if self.cluster is not None and "chief" in self.cluster:
+            return self.role == "chief"
+        return self.role == "worker" and self.worker_index == 0

@@ -41,6 +41,20 @@ def surface_errors(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def actor_info(name: str) -> dict[str, Any]:
+    """Where an actor runs and what Ray gave it: shown in results, used by fault tests."""
+    import ray
+
+    return {
+        "name": name,
+        "pid": os.getpid(),
+        "node_ip": ray.util.get_node_ip_address(),
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
 class TrainWorker:
     """Hosts one TensorFlow worker: its devices, its strategy and a raytf Engine."""
 
@@ -53,16 +67,7 @@ class TrainWorker:
         import tensorflow  # noqa: F401  (import only; no op may run yet)
 
     def ready(self) -> dict[str, Any]:
-        import ray
-
-        return {
-            "name": self.name,
-            "pid": os.getpid(),
-            "node_ip": ray.util.get_node_ip_address(),
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        }
+        return actor_info(self.name)
 
     def reserve_address(self) -> str:
         """Bind a free port on this node and hold it until TensorFlow takes it over."""

@@ -14,5 +14,15 @@ for _mod in pkgutil.iter_modules(__path__):
 
 from raytf.layouts.all_reduce import AllReduce  # noqa: E402
 from raytf.layouts.in_graph import InGraph  # noqa: E402
+from raytf.layouts.parameter_server import ParameterServer  # noqa: E402
 
-__all__ = ["AllReduce", "InGraph", "Layout", "layout_names", "make_layout", "register", "resolve"]
+__all__ = [
+    "AllReduce",
+    "InGraph",
+    "Layout",
+    "ParameterServer",
+    "layout_names",
+    "make_layout",
+    "register",
+    "resolve",
+]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from raytf.errors import ConfigError
 
 if TYPE_CHECKING:
+    from raytf._internal.coordinator import Coordinator
     from raytf._internal.spec import StrategySpec
 
 
@@ -64,6 +65,12 @@ class Layout(ABC):
     @abstractmethod
     def for_replicas(cls, replicas: int, use_gpu: bool, **options: Any) -> Layout:
         """The layout that runs ``replicas`` replicas, for ``layout="name", replicas=N``."""
+
+    def coordinator_cls(self) -> type[Coordinator]:
+        """The driver-side runner; layouts with more than worker actors bring their own."""
+        from raytf._internal.coordinator import Coordinator
+
+        return Coordinator
 
     def describe(self) -> str:
         return f"{self.name}: {self.num_workers} worker(s) x {self.devices_per_worker} device(s)"

@@ -1,0 +1,282 @@
+"""A parameter-server shard: an async Ray actor owning some variables and their optimizer state.
+
+Workers pull weights and push gradients. The shard applies them with the model's own Keras
+optimizer, so optimizer state (Adam's moments, the iteration count behind learning-rate
+schedules) lives with the variables. One event loop serialises every update; waits
+(a synchronous step's barrier, the staleness bound) are ``asyncio`` waits that hold no thread.
+
+Consistency rules, per shard:
+- synchronous (staleness 0): a step closes when ``workers - backup`` gradients computed on the
+  current version have arrived, or when every worker still in the epoch has pushed; their mean
+  is applied once. A gradient computed on an older version is late and dropped, never applied.
+- bounded staleness k: each gradient is applied on arrival; a pull for step t waits until every
+  worker has pushed step t - k - 1, so no worker is more than k steps ahead of the slowest.
+- asynchronous: each gradient is applied on arrival; nothing waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from raytf._internal.worker import actor_info
+from raytf.errors import RaytfError, WorkerError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def surface_async_errors(method: F) -> F:
+    """The async twin of worker.surface_errors: user errors arrive with their traceback."""
+
+    @functools.wraps(method)
+    async def wrapper(self: ParameterShard, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(self, *args, **kwargs)
+        except RaytfError:
+            raise
+        except Exception as exc:
+            raise WorkerError(
+                f"{self.name} failed in {method.__name__}: {type(exc).__name__}: {exc}",
+                worker=self.name,
+                error_type=type(exc).__name__,
+                remote_traceback=traceback.format_exc(),
+            ) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class ParameterShard:
+    """One parameter server. A plain class: the coordinator makes it a Ray actor at spawn."""
+
+    def __init__(self, name: str, index: int) -> None:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        os.environ.pop("TF_CONFIG", None)
+        self.name = name
+        self.index = index
+        import tensorflow  # noqa: F401  (overlaps TF's import with the other actors' start)
+
+    async def ready(self) -> dict[str, Any]:
+        return {**actor_info(self.name), "role": "ps"}
+
+    # ------------------------------------------------------------------ setup
+    @surface_async_errors
+    async def build(
+        self, job: Any, variables: list[dict[str, Any]], config: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Own ``variables`` (initial values from worker 0), with the model's optimizer.
+
+        ``config``: workers, staleness (None = async), backup_workers, checkpoint_dir, resume.
+        Returns the epoch to start from (after a restore) and the bytes held.
+        """
+        import keras
+        import tensorflow as tf
+
+        from raytf._internal.engine import build_compiled_model
+
+        if job.seed is not None:
+            keras.utils.set_random_seed(job.seed)
+        # The user's own compiled optimizer (any class, schedule or clipping), built on the
+        # variables this server owns.
+        self.optimizer = build_compiled_model(job).optimizer
+        self.names = [v["name"] for v in variables]
+        self.trainable = [
+            keras.Variable(v["value"], trainable=True, name=_safe(v["name"]))
+            for v in variables
+            if v["trainable"]
+        ]
+        self.extras = [
+            keras.Variable(v["value"], trainable=False, name=_safe(v["name"]))
+            for v in variables
+            if not v["trainable"]
+        ]
+        if self.trainable:
+            self.optimizer.build(self.trainable)
+        self._apply = tf.function(
+            lambda grads: self.optimizer.apply_gradients(zip(grads, self.trainable))
+        )
+        self.workers: int = config["workers"]
+        self.staleness: int | None = config["staleness"]
+        self.quorum = self.workers - config.get("backup_workers", 0)
+        self.version = 0
+        self.clock = dict.fromkeys(range(self.workers), 0)
+        self.active: set[int] = set(range(self.workers))
+        self.pending: list[tuple[int, list, list]] = []
+        self.cond = asyncio.Condition()
+        self._snapshot_at: int | None = None
+        self._snapshot: list[Any] = []
+        self.stats: dict[str, Any] = {
+            "pushes": 0,
+            "applied": 0,
+            "dropped": 0,
+            "pulls": 0,
+            "bytes_in": 0,
+            "bytes_out": 0,
+            "apply_seconds": 0.0,
+            "wait_seconds": 0.0,
+        }
+        self.staleness_hist: Counter[int] = Counter()
+        self.gap_hist: Counter[int] = Counter()
+        start = self._setup_checkpoint(config.get("checkpoint_dir"), config.get("resume", False))
+        nbytes = sum(int(v.numpy().nbytes) for v in self.trainable + self.extras)
+        return {"start_epoch": start, "bytes": nbytes, "variables": len(self.names)}
+
+    def _setup_checkpoint(self, directory: str | None, resume: bool) -> int:
+        import tensorflow as tf
+
+        self._manager = None
+        self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._version = tf.Variable(0, dtype=tf.int64, trainable=False)
+        if not directory:
+            return 0
+        ckpt = tf.train.Checkpoint(
+            trainable=self.trainable,
+            extras=self.extras,
+            optimizer=self.optimizer,
+            epoch=self._epoch,
+            version=self._version,
+        )
+        path = os.path.join(directory, f"ps-{self.index}")
+        self._manager = tf.train.CheckpointManager(ckpt, path, max_to_keep=3)
+        if resume and self._manager.latest_checkpoint:
+            ckpt.restore(self._manager.latest_checkpoint).assert_existing_objects_matched()
+            self.version = int(self._version.numpy())
+        return int(self._epoch.numpy())
+
+    # ------------------------------------------------------------------ epochs
+    async def start_epoch(self, epoch: int, steps: int) -> None:
+        """Every worker is in again; clocks start at the epoch's first step (after a resume)."""
+        async with self.cond:
+            self.active = set(range(self.workers))
+            first = epoch * steps
+            for w in self.clock:
+                self.clock[w] = max(self.clock[w], first)
+
+    @surface_async_errors
+    async def save(self, epoch: int) -> str | None:
+        if self._manager is None:
+            return None
+        self._epoch.assign(epoch + 1)
+        self._version.assign(self.version)
+        return self._manager.save(checkpoint_number=epoch + 1)
+
+    # ------------------------------------------------------------------ traffic
+    async def pull(self, worker: int, step: int | None) -> tuple[int, list[Any]]:
+        """(version, values) for ``step`` (None: now, no staleness wait)."""
+        if step is not None:
+            await self._wait_for_bound(step)
+        return self.version, self._values()
+
+    @surface_async_errors
+    async def push(
+        self,
+        worker: int,
+        step: int,
+        version: int,
+        grads: list[Any],
+        extras: list[Any],
+        last: bool,
+        want_weights: bool,
+    ) -> tuple[int, list[Any] | None]:
+        """Gradients of ``worker`` at ``step``, computed on ``version`` of this shard.
+
+        Returns (version, values) when ``want_weights`` (the weights for the worker's next
+        step, saving it a round trip), else (version, None).
+        """
+        self.stats["pushes"] += 1
+        self.stats["bytes_in"] += sum(g.nbytes for g in grads) + sum(e.nbytes for e in extras)
+        if self.staleness == 0:
+            t0 = time.perf_counter()
+            async with self.cond:
+                if version < self.version:  # the step closed without it: late, dropped
+                    self.stats["dropped"] += 1
+                else:
+                    self.pending.append((worker, grads, extras))
+                if last:
+                    self.active.discard(worker)
+                self._maybe_close()
+                await self.cond.wait_for(lambda: self.version > version)
+            self.stats["wait_seconds"] += time.perf_counter() - t0
+        else:
+            async with self.cond:
+                self.staleness_hist[self.version - version] += 1
+                self._apply_one(grads, extras)
+                self.clock[worker] = max(self.clock[worker], step + 1)
+                self.cond.notify_all()
+        if not want_weights:
+            return self.version, None
+        return await self.pull(worker, step + 1)
+
+    def _maybe_close(self) -> None:
+        """Close the synchronous step if enough gradients are in (caller holds the lock)."""
+        if not self.pending:
+            return
+        pushed = {w for w, _, _ in self.pending}
+        if len(self.pending) < self.quorum and not self.active <= pushed:
+            return
+        n = len(self.pending)
+        grads = [_mean([p[1][i] for p in self.pending], n) for i in range(len(self.trainable))]
+        extras = [_mean([p[2][i] for p in self.pending], n) for i in range(len(self.extras))]
+        self.staleness_hist[0] += n
+        self._apply_one(grads, extras)
+        self.pending = []
+        self.cond.notify_all()
+
+    def _apply_one(self, grads: list[Any], extras: list[Any]) -> None:
+        t0 = time.perf_counter()
+        if self.trainable:
+            self._apply(grads)
+        for var, value in zip(self.extras, extras):
+            var.assign(value)
+        self.version += 1
+        self.stats["applied"] += 1
+        self.stats["apply_seconds"] += time.perf_counter() - t0
+
+    async def _wait_for_bound(self, step: int) -> None:
+        """Bounded staleness: no worker starts step t before all have pushed step t - k - 1."""
+        if self.staleness:  # 0 (sync) waits in push; None (async) never waits
+            k = self.staleness
+            t0 = time.perf_counter()
+            async with self.cond:
+                await self.cond.wait_for(lambda: min(self.clock.values()) >= step - k)
+            self.stats["wait_seconds"] += time.perf_counter() - t0
+        if self.staleness != 0:
+            self.gap_hist[max(0, step - min(self.clock.values()))] += 1
+
+    def _values(self) -> list[Any]:
+        """This shard's values, copied out of TensorFlow once per version."""
+        if self._snapshot_at != self.version:
+            self._snapshot = [v.numpy() for v in self.trainable + self.extras]
+            self._snapshot_at = self.version
+        self.stats["pulls"] += 1
+        self.stats["bytes_out"] += sum(v.nbytes for v in self._snapshot)
+        return self._snapshot
+
+    async def report(self) -> dict[str, Any]:
+        """Load and staleness measured on this server."""
+        return {
+            "name": self.name,
+            "variables": len(self.names),
+            "version": self.version,
+            **self.stats,
+            "staleness": dict(self.staleness_hist),
+            "steps_ahead": dict(self.gap_hist),
+        }
+
+
+def _mean(arrays: list[Any], n: int) -> Any:
+    total = arrays[0].copy()
+    for a in arrays[1:]:
+        total += a
+    total /= n
+    return total
+
+
+def _safe(name: str) -> str:
+    """Keras variable names may not contain '/'."""
+    return name.replace("/", "_")

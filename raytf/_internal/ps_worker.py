@@ -1,0 +1,173 @@
+"""The worker actor of raytf's parameter-server engine: pull weights, compute, push gradients.
+
+Transfer is what a parameter-server step pays for, so the loop keeps round trips to one per
+step: a push returns the weights for the next step (synchronous mode, and asynchronous modes
+without prefetch). With ``prefetch_weights`` and staleness >= 1 the next pull is in flight
+while this step computes and the push does not wait for an answer, so transfer overlaps compute.
+Arrays travel as numpy through Ray's object store (zero-copy reads on the same node).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from raytf._internal.worker import TrainWorker, surface_errors
+from raytf.errors import WorkerError
+
+
+class PSWorker(TrainWorker):
+    """A TrainWorker whose epochs talk to parameter-server actors instead of a strategy."""
+
+    @surface_errors
+    def build(self, job: Any) -> dict[str, Any]:
+        from raytf._internal.ps_engine import PSEngine
+
+        # The servers own variables, optimizer state and checkpoints; workers keep none.
+        local = dataclasses.replace(job, checkpoint_dir=None, resume=False)
+        self._engine = PSEngine(self.spec, local, self.devices, self.strategy)
+        return self._engine.build()
+
+    @surface_errors
+    def variables(self) -> list[dict[str, Any]]:
+        return self._engine.variables_info()
+
+    @surface_errors
+    def connect(
+        self, servers: list[Any], server_names: list[str], owner: list[int], config: dict[str, Any]
+    ) -> None:
+        """Learn the servers and which shared variable each owns (``owner[i]``)."""
+        self.index = self.spec.worker_index
+        self.servers = servers
+        self.server_names = server_names
+        self.staleness = config["staleness"]
+        self.prefetch = bool(config["prefetch_weights"]) and self.staleness != 0
+        n_trainable = len(self._engine.trainable)
+        self.slots = [[i for i, o in enumerate(owner) if o == s] for s in range(len(servers))]
+        self.grad_slots = [[i for i in sl if i < n_trainable] for sl in self.slots]
+        self.extra_slots = [[i - n_trainable for i in sl if i >= n_trainable] for sl in self.slots]
+        self.n_shared = len(owner)
+        self.versions = [0] * len(servers)
+        self._next: list[Any] | None = None  # refs that answer with the next step's weights
+        self._acks: list[Any] = []
+        self.timing = {"wait_s": 0.0, "compute_s": 0.0, "push_s": 0.0, "steps": 0}
+
+    # ------------------------------------------------------------------ traffic
+    def _get(self, refs: list[Any]) -> list[Any]:
+        import ray
+
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as exc:
+            dead = [
+                name
+                for name, ref in zip(self.server_names, refs)
+                if ray.wait([ref], timeout=0)[0] and _raises(ref)
+            ]
+            raise WorkerError(
+                f"{self.name}: parameter server {', '.join(dead) or '?'} died: {exc}",
+                worker=self.name,
+                error_type=type(exc).__name__,
+            ) from None
+
+    def _pull(self, step: int | None) -> list[Any]:
+        return [s.pull.remote(self.index, step) for s in self.servers]
+
+    def _weights(self, refs: list[Any]) -> list[Any]:
+        """Assemble the full weight list from each shard's (version, values) answer."""
+        weights: list[Any] = [None] * self.n_shared
+        for s, (version, values) in enumerate(self._get(refs)):
+            self.versions[s] = version
+            for slot, value in zip(self.slots[s], values):
+                weights[slot] = value
+        return weights
+
+    def _push(self, step: int, grads: list, extras: list, last: bool, want: bool) -> list[Any]:
+        return [
+            server.push.remote(
+                self.index,
+                step,
+                self.versions[s],
+                [grads[i] for i in self.grad_slots[s]],
+                [extras[i] for i in self.extra_slots[s]],
+                last,
+                want,
+            )
+            for s, server in enumerate(self.servers)
+        ]
+
+    def _drain(self) -> None:
+        if self._acks:
+            for s, (version, _) in enumerate(self._get(self._acks)):
+                self.versions[s] = max(self.versions[s], version)
+            self._acks = []
+
+    # ------------------------------------------------------------------ epochs
+    @surface_errors
+    def run_epoch(self, epoch: int, steps: int, validation_steps: int | None) -> dict[str, Any]:
+        eng = self._engine
+        eng.reset_metrics()
+        timing = self.timing
+        for s in range(steps):
+            step = epoch * steps + s
+            last = s == steps - 1
+            t0 = time.perf_counter()
+            weights = self._weights(self._next or self._pull(step))
+            self._next = None
+            if self.prefetch and not last:
+                self._next = self._pull(step + 1)  # overlaps this step's compute
+            t1 = time.perf_counter()
+            grads, extras = eng.gradients(weights)
+            t2 = time.perf_counter()
+            self._drain()  # at most one push in flight: errors surface, memory stays bounded
+            want = not self.prefetch and not last
+            refs = self._push(step, grads, extras, last, want)
+            if want:
+                self._next = refs
+            else:
+                self._acks = refs
+            t3 = time.perf_counter()
+            if eng.first_step_at is None:
+                eng.first_step_at = time.time()
+            else:
+                eng._steady_steps += 1
+                eng._steady_seconds += t3 - t0
+                timing["wait_s"] += t1 - t0
+                timing["compute_s"] += t2 - t1
+                timing["push_s"] += t3 - t2
+                timing["steps"] += 1
+        self._drain()
+        logs = eng.read_metrics()
+        if validation_steps and eng._val_data is not None:
+            eng.assign(self._weights(self._pull(None)))
+            logs.update(eng.evaluate(validation_steps))
+        return {
+            "logs": logs,
+            "throughput": eng.throughput,
+            "checkpoint": None,
+            "global_step": max(self.versions),
+        }
+
+    @surface_errors
+    def final(self, with_model: bool) -> dict[str, Any]:
+        """The model with the servers' latest weights, and this worker's step rate."""
+        self._engine.assign(self._weights(self._pull(None)))
+        out = self._engine.final(with_model)
+        t = self.timing
+        seconds = t["wait_s"] + t["compute_s"] + t["push_s"]
+        out["steps_per_second"] = t["steps"] / seconds if seconds else None
+        out["timing"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in t.items()}
+        return out
+
+
+def _raises(ref: Any) -> bool:
+    import ray
+
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.RayActorError:
+        return True
+    except Exception:
+        return False
+    return False
