@@ -44,18 +44,44 @@ def _gpu_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _staleness(text: str) -> int | str:
+    if text == "async":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 0 (synchronous), a number of steps k, or 'async', received {text!r}"
+        ) from None
+
+
 def _layout_flags(parser: argparse.ArgumentParser) -> None:
     from raytf.layouts import layout_names
 
     parser.add_argument("--layout", help=f"auto (default) or one of {layout_names()}")
     parser.add_argument("--replicas", type=int, help="total replicas (devices) to train on")
-    parser.add_argument("--workers", type=int, help="all-reduce: worker actors")
+    parser.add_argument("--workers", type=int, help="all-reduce, parameter-server: worker actors")
+    parser.add_argument("--ps", type=int, help="parameter-server: server actors")
+    parser.add_argument(
+        "--staleness",
+        type=_staleness,
+        help="parameter-server: 0 synchronous (default), k bounded, 'async' unbounded",
+    )
+    parser.add_argument(
+        "--backup-workers",
+        type=int,
+        help="parameter-server, synchronous: close each step without the b slowest workers",
+    )
     parser.add_argument(
         "--devices",
         type=int,
         help="devices per actor (in-graph: all of them; all-reduce: per worker)",
     )
-    parser.add_argument("--engine", choices=["auto", "towers", "mirrored"], help="in-graph engine")
+    parser.add_argument(
+        "--engine",
+        choices=["auto", "towers", "mirrored", "ray", "tensorflow"],
+        help="in-graph: towers or mirrored; parameter-server: ray or tensorflow",
+    )
     _gpu_flag(parser)
     parser.add_argument(
         "--address",
@@ -138,6 +164,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "replicas",
         "workers",
         "devices",
+        "ps",
+        "staleness",
+        "backup_workers",
         "engine",
         "use_gpu",
         "epochs",

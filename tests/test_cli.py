@@ -39,7 +39,14 @@ def test_plan_refuses_what_can_never_fit():
 
 def test_layouts_lists_the_registry():
     out = raytf("layouts")
-    assert out.stdout.split() == ["auto", "all-reduce", "in-graph", "mirrored", "towers"]
+    assert out.stdout.split() == [
+        "auto",
+        "all-reduce",
+        "in-graph",
+        "mirrored",
+        "parameter-server",
+        "towers",
+    ]
 
 
 def test_missing_experiment_file():

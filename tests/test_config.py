@@ -19,7 +19,13 @@ def data_fn(ctx):
 
 
 def test_registered_layout_names_are_pinned():
-    assert raytf.layout_names() == ["all-reduce", "in-graph", "mirrored", "towers"]
+    assert raytf.layout_names() == [
+        "all-reduce",
+        "in-graph",
+        "mirrored",
+        "parameter-server",
+        "towers",
+    ]
 
 
 def test_public_api_is_small_and_explicit():
@@ -31,6 +37,7 @@ def test_public_api_is_small_and_explicit():
         "InGraph",
         "InputContext",
         "Layout",
+        "ParameterServer",
         "PlacementError",
         "Plan",
         "ProgressLogger",

@@ -19,6 +19,9 @@ LAYOUTS = {
     "towers": raytf.InGraph(devices=2, engine="towers"),
     "mirrored": raytf.InGraph(devices=2, engine="mirrored"),
     "all-reduce": raytf.AllReduce(workers=2),
+    # Synchronous parameter servers average both workers' gradients: the same big batch.
+    "ps-sync": raytf.ParameterServer(workers=2, ps=1),
+    "ps-sync-2-servers": raytf.ParameterServer(workers=2, ps=2),
 }
 
 

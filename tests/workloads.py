@@ -141,3 +141,38 @@ def data_numpy(ctx):
 def mlp_lr(lr: float = 0.01):
     """The MLP with its learning rate as a parameter, for sweeps."""
     return mlp(lr)
+
+
+def straggler_data(delay_s: float, slow_worker: int = 1):
+    """``data``, with worker ``slow_worker`` paused ``delay_s`` per batch: a slow machine."""
+
+    def fn(ctx):
+        import time
+
+        import tensorflow as tf
+
+        ds = data(ctx)
+        if ctx.worker_index != slow_worker:
+            return ds
+        every = ctx.worker_batch_size
+
+        def pause(i):
+            if int(i) % every == 0:
+                time.sleep(delay_s)
+            return i
+
+        def slowed(i, example):
+            x, y = example
+            token = tf.py_function(pause, [i], tf.int64)
+            with tf.control_dependencies([token]):
+                return tf.identity(x), y
+
+        return ds.enumerate().map(slowed)
+
+    return fn
+
+
+def data_fails_on_worker_1(ctx):
+    if ctx.worker_index == 1:
+        raise FileNotFoundError("/data/shard-1.tfrecord: no such file")
+    return data(ctx)

@@ -19,7 +19,7 @@ from typing import Any
 from raytf._internal.cluster import ClusterInfo
 from raytf._internal.selection import resolve_use_gpu
 from raytf.errors import ConfigError
-from raytf.layouts import Layout, resolve
+from raytf.layouts import Layout, layout_option_names, resolve
 
 #: Keys an experiment's ``config`` may set, passed to raytf.fit as they are.
 FIT_KEYS = frozenset(
@@ -38,8 +38,9 @@ FIT_KEYS = frozenset(
         "steps_per_execution",
     }
 )
-#: Keys that shape a named layout (fields of its config object).
-LAYOUT_KEYS = frozenset({"workers", "devices", "engine", "communication"})
+#: Keys that shape a named layout: the fields of the registered layouts' config objects, so a
+#: new layout's options work in YAML, flags and sweeps without touching this file.
+LAYOUT_KEYS = layout_option_names()
 #: Keyword arguments for the experiment's model builder (e.g. a learning rate to sweep).
 MODEL_ARGS = "model_args"
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from raytf.layouts._registry import layout_names, make_layout, register, resolve
+from raytf.layouts._registry import (
+    layout_names,
+    layout_option_names,
+    make_layout,
+    register,
+    resolve,
+)
 from raytf.layouts.base import Layout
 
 for _mod in pkgutil.iter_modules(__path__):
@@ -22,6 +28,7 @@ __all__ = [
     "Layout",
     "ParameterServer",
     "layout_names",
+    "layout_option_names",
     "make_layout",
     "register",
     "resolve",

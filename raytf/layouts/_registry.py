@@ -27,6 +27,15 @@ def layout_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def layout_option_names() -> frozenset[str]:
+    """Every option a registered layout takes (its dataclass fields), minus ``use_gpu``, which
+    is a run-level setting."""
+    import dataclasses
+
+    names = {f.name for cls, _ in _REGISTRY.values() for f in dataclasses.fields(cls)}
+    return frozenset(names - {"use_gpu"})
+
+
 def resolve(name: str) -> tuple[type[Layout], dict[str, Any]]:
     try:
         return _REGISTRY[name]
