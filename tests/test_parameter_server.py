@@ -94,3 +94,24 @@ def test_worker_error_reaches_the_caller_and_everything_stops(local_ray):
     with pytest.raises(raytf.WorkerError, match=r"worker-1 .*shard-1\.tfrecord: no such file"):
         fit(raytf.ParameterServer(workers=2, ps=1), workloads.data_fails_on_worker_1)
     assert alive_actors() == []
+
+
+def test_tensorflow_engine_trains_with_its_own_strategy(local_ray, tmp_path):
+    layout = raytf.ParameterServer(
+        workers=2, ps=2, staleness=None, engine="tensorflow", cpus_per_ps=0.5
+    )
+    result = fit(
+        layout, validation_data=workloads.validation, checkpoint_dir=str(tmp_path), epochs=3
+    )
+    loss = result.history["loss"]
+    assert loss[-1] < loss[0]
+    # Metrics updated by two workers at once stay exact (Keras's assign_add is not atomic).
+    assert all(0 <= a <= 1 for a in result.history["accuracy"])
+    # Asynchronous: one optimizer step per worker batch, counted on the servers.
+    assert result.global_step == 3 * 2 * STEPS
+    # TensorFlow's own placement: every model variable on exactly one ps task.
+    holds = [set(s["holds"]) & VARIABLES for s in result.servers]
+    assert len(holds) == 2 and not holds[0] & holds[1] and holds[0] | holds[1] == VARIABLES
+    assert result.checkpoint and os.path.exists(result.checkpoint + ".index")
+    assert [w["name"] for w in result.workers] == ["chief"]
+    assert alive_actors() == []

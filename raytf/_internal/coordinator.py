@@ -220,9 +220,7 @@ class Coordinator:
                     addresses = group.call("reserve_address", None, t.start_s, "start")
                 specs = self.layout.strategy_specs(addresses)
                 try:
-                    devices = group.call(
-                        "start_strategy", [(s,) for s in specs], t.peers_s, "peers"
-                    )
+                    devices = self._start_strategies(group, specs)
                 except WorkerError as exc:
                     if BIND_FAILURE in str(exc) and attempt < BIND_ATTEMPTS:
                         raise _PortTaken() from exc
@@ -331,6 +329,10 @@ class Coordinator:
         return result
 
     # ------------------------------------------------------------------ hooks
+    def _start_strategies(self, group: WorkerGroup, specs: list[Any]) -> list[Any]:
+        """Hand each actor its spec; multi-worker strategies wait here for their peers."""
+        return group.call("start_strategy", [(s,) for s in specs], self.timeouts.peers_s, "peers")
+
     def _prepare(self, group: WorkerGroup, infos: list[dict[str, Any]]) -> int:
         """After every worker built its model: the epoch to start from."""
         return _agreed_start(infos, self.job)

@@ -183,7 +183,7 @@ class Engine:
         self._iterator = iter(self._train_data)
         self._val_data, val_steps = None, None
         if self.job.validation_fn is not None:
-            vctx = InputContext(**{**self.ctx.__dict__, "training": False})
+            vctx = self._validation_context()
             val, val_steps = self._dataset(self.job.validation_fn, "validation_data", vctx)
             self._val_data = self._distribute(val.repeat().prefetch(tf.data.AUTOTUNE))
         self._train_n = self._make_loop(self._towers_step if self.towers else self._replica_step)
@@ -196,6 +196,9 @@ class Engine:
             "start_epoch": start_epoch,
             "parameters": int(sum(int(tf.size(v)) for v in self.model.trainable_variables)),
         }
+
+    def _validation_context(self) -> InputContext:
+        return InputContext(**{**self.ctx.__dict__, "training": False})
 
     def _build_model(self) -> keras.Model:
         return build_compiled_model(self.job)
@@ -379,6 +382,10 @@ class Engine:
         """Train ``steps`` steps (then validate); returns logs and this worker's timing."""
         for metric in [*self.model.metrics, self._loss]:
             metric.reset_state()
+        self._train_steps(steps)
+        return self._end_epoch(epoch, validation_steps)
+
+    def _train_steps(self, steps: int) -> None:
         k = self.steps_per_execution(steps)
         done = 0
         while done < steps:
@@ -391,6 +398,9 @@ class Engine:
                 self._steady_steps += n
                 self._steady_seconds += time.perf_counter() - t0
             done += n
+
+    def _end_epoch(self, epoch: int, validation_steps: int | None) -> dict[str, Any]:
+        """Metrics, validation, TensorBoard and the checkpoint of a finished epoch."""
         logs = self._read_metrics()
         if self._val_data is not None and validation_steps:
             self._eval_n(iter(self._val_data), tf.constant(validation_steps)).numpy()
