@@ -96,7 +96,12 @@ def current_cluster() -> ClusterInfo:
 
 
 def _layout_for(
-    layout: str | Layout, replicas: int | None, use_gpu: bool | None, cluster: ClusterInfo
+    layout: str | Layout,
+    replicas: int | None,
+    use_gpu: bool | None,
+    cluster: ClusterInfo,
+    stragglers: bool = False,
+    preemptible: bool = False,
 ) -> tuple[Layout, str]:
     if isinstance(layout, Layout):
         gpu = getattr(layout, "use_gpu", None)
@@ -117,7 +122,13 @@ def _layout_for(
             f"{type(layout).__name__}."
         )
     if layout == "auto":
-        choice = choose_layout(cluster, replicas=replicas, use_gpu=use_gpu)
+        choice = choose_layout(
+            cluster,
+            replicas=replicas,
+            use_gpu=use_gpu,
+            stragglers=stragglers,
+            preemptible=preemptible,
+        )
         cls, _ = resolve(choice.layout)
         return cls(**choice.options), choice.explanation
     resolve(layout)  # unknown names fail here, before the cluster is looked at
@@ -133,17 +144,30 @@ def _layout_for(
     return chosen, f"{layout}: named by the caller; {replicas} replica(s) ({why})."
 
 
+def _cpu_knobs(layout: Layout) -> str:
+    """The layout's CPU-reservation options, offered as a fix when bundles do not fit."""
+    import dataclasses
+
+    knobs = [f.name for f in dataclasses.fields(layout) if f.name.startswith("cpus_per_")]
+    if not knobs:
+        return ""
+    return f", or reserve less CPU per actor ({', '.join(f'{k}=0.5' for k in knobs)})"
+
+
 def plan(
     layout: str | Layout = "auto",
     replicas: int | None = None,
     use_gpu: bool | None = None,
     cluster: ClusterInfo | Sequence[tuple[float, float]] | None = None,
     address: str | None = None,
+    stragglers: bool = False,
+    preemptible: bool = False,
 ) -> Plan:
     """What :func:`fit` would run on ``cluster`` (default: the connected Ray cluster), and why.
 
     ``cluster`` may be ``[(cpus, gpus), ...]``, one pair per node, to plan for a cluster you
-    do not have.
+    do not have. ``stragglers`` / ``preemptible`` tell the auto rule that some workers are
+    slower, or may vanish; across nodes it then picks a parameter-server layout.
 
     Raises :class:`PlacementError` if the layout can never be placed there.
     """
@@ -152,11 +176,17 @@ def plan(
         cluster = current_cluster()
     elif not isinstance(cluster, ClusterInfo):
         cluster = ClusterInfo.from_counts(*cluster)
-    chosen, explanation = _layout_for(layout, replicas, use_gpu, cluster)
+    for name, flag in (("stragglers", stragglers), ("preemptible", preemptible)):
+        if not isinstance(flag, bool):
+            raise ConfigError(f"{name} must be True or False, received {flag!r}.")
+    chosen, explanation = _layout_for(
+        layout, replicas, use_gpu, cluster, stragglers=stragglers, preemptible=preemptible
+    )
     if not bundles_fit(chosen.bundles(), cluster):
         raise PlacementError(
             f"{chosen.describe()} needs {chosen.bundles()} but the cluster can never hold "
-            f"them ({cluster.describe()}). Ask for fewer replicas or devices, or add nodes."
+            f"them ({cluster.describe()}). Ask for fewer replicas or devices, or add nodes"
+            f"{_cpu_knobs(chosen)}."
         )
     return Plan(chosen, explanation, cluster)
 
@@ -185,6 +215,8 @@ def fit(
     steps_per_execution: int | str = "auto",
     timeouts: Timeouts | None = None,
     address: str | None = None,
+    stragglers: bool = False,
+    preemptible: bool = False,
 ) -> FitResult:
     """Train a Keras 3 model on Ray with the layout that suits the cluster.
 
@@ -192,7 +224,8 @@ def fit(
     worker's strategy scope. ``data`` takes an :class:`~raytf.InputContext` and returns this
     worker's unbatched ``tf.data.Dataset`` of ``(features, labels)``. ``layout="auto"`` puts
     the replicas in one graph when they fit on one node and uses all-reduce across nodes
-    otherwise; ``result.explanation`` says why.
+    otherwise, or parameter servers when they pay (``stragglers=True``, ``preemptible=True``,
+    spare CPU-only nodes); ``result.explanation`` says why.
     """
     started = time.time()
     job = Job(
@@ -222,7 +255,14 @@ def fit(
             )
     if isinstance(layout, str) and layout != "auto":
         resolve(layout)  # fail on a typo before Ray starts
-    chosen = plan(layout, replicas=replicas, use_gpu=use_gpu, address=address)
+    chosen = plan(
+        layout,
+        replicas=replicas,
+        use_gpu=use_gpu,
+        address=address,
+        stragglers=stragglers,
+        preemptible=preemptible,
+    )
     check_batch_split(global_batch_size, chosen.layout.num_replicas)
 
     hooks = [ProgressLogger(), *callbacks] if verbose else list(callbacks)

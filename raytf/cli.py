@@ -82,6 +82,18 @@ def _layout_flags(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "towers", "mirrored", "ray", "tensorflow"],
         help="in-graph: towers or mirrored; parameter-server: ray or tensorflow",
     )
+    parser.add_argument(
+        "--stragglers",
+        action="store_true",
+        default=None,
+        help="auto: some workers are slower (shared or mixed machines)",
+    )
+    parser.add_argument(
+        "--preemptible",
+        action="store_true",
+        default=None,
+        help="auto: workers may vanish (spot instances)",
+    )
     _gpu_flag(parser)
     parser.add_argument(
         "--address",
@@ -168,6 +180,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "staleness",
         "backup_workers",
         "engine",
+        "stragglers",
+        "preemptible",
         "use_gpu",
         "epochs",
         "global_batch_size",

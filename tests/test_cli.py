@@ -132,3 +132,30 @@ def test_sweep_yaml_writes_a_ranked_table_and_a_rerunnable_best(tmp_path):
     assert (tmp_path / "s" / "sweep.png").exists() and best.exists()
     rerun = raytf("run", str(best), "--quiet")
     assert "raytf: evaluation: test_accuracy" in rerun.stdout, rerun.stderr[-2000:]
+
+
+def test_plan_picks_parameter_servers_when_they_pay():
+    nodes = ",".join(["4:1"] * 4 + ["8:0"] * 4)
+    out = raytf("plan", "--nodes", nodes)
+    assert out.returncode == 0, out.stderr
+    assert "parameter-server (sync, engine ray): 4 GPU worker(s) + 4 server(s)" in out.stdout
+    out = raytf("plan", "--nodes", "4:1,4:1", "--stragglers")
+    assert "parameter-server (bounded staleness 2, engine ray)" in out.stdout, out.stderr
+    out = raytf(
+        "plan", "--nodes", "8:0", "--layout", "parameter-server", "--workers", "2",
+        "--staleness", "async", "--engine", "tensorflow",
+    )  # fmt: skip
+    assert (
+        "parameter-server (async, engine tensorflow): 2 CPU worker(s) + 1 server(s)" in out.stdout
+    )
+    out = raytf("plan", "--nodes", "8:0", "--layout", "parameter-server", "--staleness", "often")
+    assert out.returncode == 2 and "expected 0 (synchronous), a number of steps k" in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_run_parameter_server_experiment(tmp_path):
+    out = raytf("run", "experiments/digits_ps.yaml", "--epochs", "12")
+    assert "parameter-server (bounded staleness 2, engine ray)" in out.stdout, out.stderr[-2000:]
+    assert "epoch 12/12" in out.stdout
+    assert out.returncode == 0 and "targets met: test_accuracy" in out.stdout, out.stderr[-2000:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import raytf
 from raytf._internal.cluster import ClusterInfo, bundles_fit
 from raytf._internal.selection import choose_layout
 from raytf.errors import ConfigError, PlacementError
@@ -43,6 +44,91 @@ TABLE = [
     # use_gpu=False on a GPU cluster trains on CPUs
     (C((4, 2)), 2, False, "in-graph", {"devices": 2, "engine": "towers", "use_gpu": False}),
 ]
+
+
+# cluster, replicas, hints -> layout, options: when parameter servers beat all-reduce
+PS_TABLE = [
+    # one GPU per node and 4 spare CPU nodes: servers move S/B per step, all-reduce 1.5 S/B
+    (
+        C(*[(4, 1)] * 4, *[(8, 0)] * 4),
+        None,
+        {},
+        "parameter-server",
+        {"workers": 4, "ps": 4, "staleness": 0, "use_gpu": True},
+    ),
+    # one spare CPU node for 4 workers: the server is the bottleneck (4 S/B): all-reduce
+    (
+        C(*[(4, 1)] * 4, (8, 0)),
+        None,
+        {},
+        "all-reduce",
+        {"workers": 4, "devices": 1, "use_gpu": True},
+    ),
+    # 4 GPUs per node: each node would push 4 copies; all-reduce stays
+    (
+        C((8, 4), (8, 4), *[(8, 0)] * 4),
+        None,
+        {},
+        "all-reduce",
+        {"workers": 2, "devices": 4, "use_gpu": True},
+    ),
+    # stragglers across nodes: bounded staleness, servers one per worker node without CPU nodes
+    (
+        C((4, 1), (4, 1)),
+        None,
+        {"stragglers": True},
+        "parameter-server",
+        {"workers": 2, "ps": 2, "staleness": 2, "use_gpu": True},
+    ),
+    (
+        C((2, 0), (2, 0)),
+        4,
+        {"stragglers": True},
+        "all-reduce",  # 4 CPU workers fill both nodes: no CPU left for a server
+        {"workers": 4, "devices": 1, "use_gpu": False},
+    ),
+    (
+        C((3, 0), (3, 0)),
+        4,
+        {"stragglers": True},
+        "parameter-server",
+        {"workers": 4, "ps": 2, "staleness": 2, "use_gpu": False},
+    ),
+    # preemptible workers: asynchronous, TensorFlow's engine reschedules a lost worker's steps
+    (
+        C((4, 1), (4, 1), (4, 0)),
+        None,
+        {"preemptible": True},
+        "parameter-server",
+        {"workers": 2, "ps": 1, "staleness": None, "engine": "tensorflow", "use_gpu": True},
+    ),
+    # every replica fits one node: one process has no stragglers; in-graph whatever the hints
+    (
+        C((8, 4)),
+        None,
+        {"stragglers": True, "preemptible": True},
+        "in-graph",
+        {"devices": 4, "engine": "mirrored", "use_gpu": True},
+    ),
+]
+
+
+@pytest.mark.parametrize(("cluster", "replicas", "hints", "layout", "options"), PS_TABLE)
+def test_parameter_server_rule(cluster, replicas, hints, layout, options):
+    choice = choose_layout(cluster, replicas, **hints)
+    assert (choice.layout, choice.options) == (layout, options)
+    if layout == "parameter-server":
+        raytf.ParameterServer(**choice.options)  # the options make a valid layout
+
+
+def test_parameter_server_explanations_give_the_costs_and_the_reason():
+    text = choose_layout(C(*[(4, 1)] * 4, *[(8, 0)] * 4)).explanation
+    assert "1.00 x S/B" in text and "1.50 x S/B" in text and "4 CPU-only node(s)" in text
+    text = choose_layout(C(*[(4, 1)] * 4, (8, 0))).explanation
+    assert "would cost 4.00 x S/B per step against 1.50" in text
+    assert "stragglers=True" in choose_layout(C((4, 1), (4, 1)), stragglers=True).explanation
+    text = choose_layout(C((2, 0), (2, 0)), 4, stragglers=True).explanation
+    assert "do not fit; all-reduce instead" in text
 
 
 @pytest.mark.parametrize(("cluster", "replicas", "use_gpu", "layout", "options"), TABLE)

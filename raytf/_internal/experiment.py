@@ -36,6 +36,8 @@ FIT_KEYS = frozenset(
         "resume",
         "seed",
         "steps_per_execution",
+        "stragglers",
+        "preemptible",
     }
 )
 #: Keys that shape a named layout: the fields of the registered layouts' config objects, so a
@@ -240,9 +242,15 @@ def placement_args(config: Mapping[str, Any], cluster: ClusterInfo) -> dict[str,
     """``layout`` for raytf.plan/fit, with ``replicas``/``use_gpu`` only for a layout name
     (a layout object already fixes both)."""
     layout = layout_from_config(config, cluster)
+    hints = {k: bool(config[k]) for k in ("stragglers", "preemptible") if k in config}
     if not isinstance(layout, str):
-        return {"layout": layout}
-    return {"layout": layout, "replicas": config.get("replicas"), "use_gpu": config.get("use_gpu")}
+        return {"layout": layout, **hints}
+    return {
+        "layout": layout,
+        "replicas": config.get("replicas"),
+        "use_gpu": config.get("use_gpu"),
+        **hints,
+    }
 
 
 def model_builder(model: Callable[[], Any], args: Mapping[str, Any] | None) -> Callable[[], Any]:
@@ -270,8 +278,8 @@ def fit_kwargs(experiment: Experiment, cluster: ClusterInfo) -> dict[str, Any]:
     kwargs["model"] = model_builder(experiment.model, config.get(MODEL_ARGS))
     kwargs["data"] = experiment.data
     kwargs["validation_data"] = experiment.validation_data
-    kwargs.pop("replicas", None)
-    kwargs.pop("use_gpu", None)
+    for key in ("replicas", "use_gpu", "stragglers", "preemptible"):
+        kwargs.pop(key, None)
     kwargs.update(placement_args(config, cluster))
     if "global_batch_size" not in kwargs:
         raise ConfigError(

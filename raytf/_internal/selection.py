@@ -15,6 +15,8 @@ from raytf.errors import ConfigError, PlacementError
 # On CPU, logical devices share the same cores: more of them add no compute, only show the
 # replica machinery. Two is the default on a one-node CPU cluster.
 DEFAULT_CPU_REPLICAS = 2
+#: How far ahead of the slowest worker a fast one may run when the user reports stragglers.
+STRAGGLER_STALENESS = 2
 
 
 @dataclass(frozen=True)
@@ -62,13 +64,55 @@ def resolve_use_gpu(cluster: ClusterInfo, use_gpu: bool | None) -> bool:
     return use_gpu
 
 
+def allreduce_cost(worker_nodes: int) -> float:
+    """Ring all-reduce time per step in units of S/B (model bytes over one node's bandwidth)."""
+    return 2 * (worker_nodes - 1) / worker_nodes if worker_nodes > 1 else 0.0
+
+
+def ps_cost(workers: int, workers_per_node: int, servers: int) -> float:
+    """Parameter-server time per step in units of S/B: a worker node sends and receives S per
+    worker it hosts; each of ``servers`` server nodes handles workers/servers of the traffic."""
+    return max(float(workers_per_node), workers / servers)
+
+
+def _spare_cpu_nodes(cluster: ClusterInfo) -> int:
+    return sum(1 for n in cluster.nodes if n.gpus == 0 and n.cpus >= 1)
+
+
+def _ps_choice(
+    cluster: ClusterInfo, workers: int, use_gpu: bool, staleness: int | None, engine: str
+) -> tuple[dict[str, Any], int] | None:
+    """Parameter-server options for ``workers`` workers, servers on spare CPU-only nodes when
+    there are any (one per node), else one per worker node; None if they cannot be placed."""
+    spare = _spare_cpu_nodes(cluster)
+    worker_nodes = sum(1 for n in cluster.nodes if (n.gpus if use_gpu else n.cpus) >= 1)
+    servers = spare or max(1, min(workers, worker_nodes))
+    options = {"workers": workers, "ps": servers, "staleness": staleness, "use_gpu": use_gpu}
+    if engine != "auto":
+        options["engine"] = engine
+    worker = {"CPU": 1.0, "GPU": 1.0} if use_gpu else {"CPU": 1.0}
+    if not bundles_fit([worker] * workers + [{"CPU": 1.0}] * servers, cluster):
+        return None
+    return options, servers
+
+
 def choose_layout(
     cluster: ClusterInfo,
     replicas: int | None = None,
     use_gpu: bool | None = None,
     cpus_per_worker: float = 1,
+    stragglers: bool = False,
+    preemptible: bool = False,
 ) -> Choice:
-    """Pick in-graph when the replicas fit on one node, all-reduce when they must span nodes.
+    """Pick in-graph when the replicas fit on one node; across nodes, all-reduce, unless a
+    parameter server is the better choice:
+
+    - ``preemptible=True`` (workers may vanish, e.g. spot instances): asynchronous parameter
+      servers on TensorFlow's engine, which moves a lost worker's steps to the others;
+    - ``stragglers=True`` (some workers are slower: shared or mixed machines): bounded
+      staleness, so the fast workers are not held to the slowest one's pace;
+    - GPU workers one per node with spare CPU-only nodes to host servers, when the
+      communication model says the servers move the bytes faster (docs/communication.md).
 
     ``use_gpu=None`` means: GPUs if the cluster has any. ``replicas=None`` means: every GPU of
     the cluster, or two CPU replicas on a cluster without GPUs.
@@ -126,6 +170,53 @@ def choose_layout(
             "min_workers or call ray.autoscaler.sdk.request_resources first)."
         )
     workers = replicas // d
+    hint = ""
+    if preemptible or stragglers:
+        mode = (None, "tensorflow") if preemptible else (STRAGGLER_STALENESS, "auto")
+        ps = _ps_choice(cluster, replicas, use_gpu, *mode)
+        if ps is not None:
+            options, servers = ps
+            why = (
+                "workers may be preempted (preemptible=True), so asynchronous parameter "
+                "servers on TensorFlow's engine: a lost worker's steps move to the others "
+                "and nobody waits for it"
+                if preemptible
+                else f"some workers are slower (stragglers=True), so bounded staleness "
+                f"{STRAGGLER_STALENESS}: fast workers run up to {STRAGGLER_STALENESS} steps "
+                "ahead instead of waiting for the slowest every step, as all-reduce would"
+            )
+            return Choice(
+                layout="parameter-server",
+                options=options,
+                explanation=(
+                    f"parameter-server: {replicas} {device} replica(s){defaulted} span nodes "
+                    f"and {why}; {replicas} worker(s) and {servers} server(s). [{facts}]"
+                ),
+            )
+        hint = " (the parameter servers the hint asks for do not fit; all-reduce instead)"
+    elif use_gpu and _spare_cpu_nodes(cluster):
+        per_node = max(1, min(int(cluster.max_gpus_per_node), replicas))
+        ps = _ps_choice(cluster, replicas, use_gpu, 0, "auto")
+        ar = allreduce_cost(workers)
+        if ps is not None:
+            options, servers = ps
+            cost = ps_cost(replicas, per_node, servers)
+            if cost < ar:
+                return Choice(
+                    layout="parameter-server",
+                    options=options,
+                    explanation=(
+                        f"parameter-server (synchronous): {replicas} GPU replica(s){defaulted} "
+                        f"span nodes and {servers} CPU-only node(s) can host servers; per step "
+                        f"servers move max(workers per node, workers/servers) = {cost:.2f} x "
+                        f"S/B against all-reduce's 2(n-1)/n = {ar:.2f} x S/B (model bytes S, "
+                        f"bandwidth B), with the same synchronous updates. [{facts}]"
+                    ),
+                )
+            hint = (
+                f"; parameter servers on the {servers} CPU-only node(s) would cost {cost:.2f} "
+                f"x S/B per step against {ar:.2f}"
+            )
     return Choice(
         layout="all-reduce",
         options={"workers": workers, "devices": d, "use_gpu": use_gpu},
@@ -133,6 +224,6 @@ def choose_layout(
             f"all-reduce: {replicas} {device} replica(s){defaulted} do not fit on one node "
             f"(at most {per_node:g} {device}s per node), so {workers} worker actor(s) with "
             f"{d} {device}(s) each run MultiWorkerMirroredStrategy and sync gradients with "
-            f"{'NCCL' if use_gpu else 'RING'} collectives. [{facts}]"
+            f"{'NCCL' if use_gpu else 'RING'} collectives{hint}. [{facts}]"
         ),
     )

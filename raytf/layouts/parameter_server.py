@@ -39,6 +39,8 @@ class ParameterServer(Layout):
     """
 
     name = "parameter-server"
+    #: Spread: servers land on other nodes (spare CPU nodes) than the workers when they can.
+    placement_strategy = "SPREAD"
 
     workers: int = 2
     ps: int = 1
