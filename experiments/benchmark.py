@@ -59,7 +59,23 @@ RUNNERS = (
     Runner("raytf-mirrored", "raytf in-graph mirrored", True),
     Runner("raytf-allreduce", "raytf all-reduce 2w", True),
     Runner("ray-train", "ray-train TensorflowTrainer 2w", True),
+    # Parameter servers, 2 workers: raytf's engine in each mode, then TensorFlow's engine.
+    Runner("ps-sync-1", "raytf PS sync, 1 ps", True),
+    Runner("ps-sync-2", "raytf PS sync, 2 ps", True),
+    Runner("ps-backup-1", "raytf PS sync + 1 backup, 1 ps", True),
+    Runner("ps-stale2-1", "raytf PS staleness 2, 1 ps", True),
+    Runner("ps-async-1", "raytf PS async, 1 ps", True),
+    Runner("ps-async-2", "raytf PS async, 2 ps", True),
+    Runner("ps-async-1-noprefetch", "raytf PS async, 1 ps, no prefetch", True),
+    Runner("ps-stale2-1-noprefetch", "raytf PS staleness 2, 1 ps, no prefetch", True),
+    Runner("ps-tf-1", "TF engine PS async, 1 ps", True),
+    Runner("ps-tf-2", "TF engine PS async, 2 ps", True),
 )
+GROUPS = {
+    "core": [r.key for r in RUNNERS if not r.key.startswith("ps-")],
+    # The parameter-server table: all-reduce as the reference, then every PS engine and mode.
+    "ps": ["raytf-allreduce"] + [r.key for r in RUNNERS if r.key.startswith("ps-")],
+}
 RUNNER_BY_KEY = {r.key: r for r in RUNNERS}
 # (raytf row, engine-by-hand row): the "raytf within 5% of its engine by hand" claim.
 PAIRS = (
@@ -116,15 +132,31 @@ def make_arrays(workload: str) -> tuple[Any, Any]:
     return x, y
 
 
-def make_data(workload: str, ctx: Any) -> Any:
+def make_data(workload: str, ctx: Any, straggler_ms: float = 0.0) -> Any:
     """raytf data function: this worker's shard, unbatched, repeated (epochs use steps_per_epoch).
 
     The arrays are made here, not closed over, so Ray ships a small function, not 25 MB.
+    ``straggler_ms`` slows worker 1 by that much per batch: a slower machine among equals.
     """
     import tensorflow as tf
 
     x, y = make_arrays(workload)
-    return ctx.shard(tf.data.Dataset.from_tensor_slices((x, y))).repeat()
+    ds = ctx.shard(tf.data.Dataset.from_tensor_slices((x, y))).repeat()
+    if not straggler_ms or ctx.worker_index != 1:
+        return ds
+    every = ctx.worker_batch_size
+
+    def pause(i: Any) -> Any:
+        if int(i) % every == 0:
+            time.sleep(straggler_ms / 1000)
+        return i
+
+    def slowed(i: Any, example: Any) -> Any:
+        token = tf.py_function(pause, [i], tf.int64)
+        with tf.control_dependencies([token]):
+            return tf.identity(example[0]), example[1]
+
+    return ds.enumerate().map(slowed)
 
 
 def _job(args: argparse.Namespace) -> Any:
@@ -232,6 +264,27 @@ def _start_ray(num_cpus: int) -> None:
     )
 
 
+def _ps_layout(key: str) -> Any:
+    """``ps-<mode>-<servers>[-noprefetch]`` as a raytf.ParameterServer for 2 workers."""
+    import raytf
+
+    parts = key.split("-")
+    mode, servers = parts[1], int(parts[2])
+    options: dict[str, Any] = {"staleness": 0}
+    if mode == "backup":
+        options["backup_workers"] = 1
+    elif mode == "stale2":
+        options["staleness"] = 2
+    elif mode in ("async", "tf"):
+        options["staleness"] = None
+    if mode == "tf":
+        options["engine"] = "tensorflow"
+    if key.endswith("noprefetch"):
+        options["prefetch_weights"] = False
+    # Half a CPU per server: 2 workers + 2 servers (+ TensorFlow's chief) on num_cpus=4.
+    return raytf.ParameterServer(workers=2, ps=servers, cpus_per_ps=0.5, **options)
+
+
 def run_raytf(layout_name: str, args: argparse.Namespace) -> dict[str, Any]:
     """raytf.fit end to end: placement, actors, strategy, epochs, final weights."""
     import raytf
@@ -241,20 +294,21 @@ def run_raytf(layout_name: str, args: argparse.Namespace) -> dict[str, Any]:
         "mirrored": raytf.InGraph(devices=2, engine="mirrored"),
         "all-reduce": raytf.AllReduce(workers=2),
     }
+    layout = _ps_layout(layout_name) if layout_name.startswith("ps-") else layouts[layout_name]
     t0 = time.time()
     result = raytf.fit(
         model=partial(build_model, args.workload, args.optimizer),
-        data=partial(make_data, args.workload),
+        data=partial(make_data, args.workload, straggler_ms=args.straggler_ms),
         global_batch_size=GLOBAL_BATCH,
         epochs=args.epochs,
         steps_per_epoch=args.steps,
         steps_per_execution=args.spe,
-        layout=layouts[layout_name],
+        layout=layout,
         verbose=False,
         seed=MODEL_SEED,
     )
     wall = time.time() - t0
-    return {
+    out = {
         "throughput": result.throughput,
         "first_step_s": result.time_to_first_step_s,
         "wall_s": wall,
@@ -262,6 +316,40 @@ def run_raytf(layout_name: str, args: argparse.Namespace) -> dict[str, Any]:
         "worker_throughput": result.worker_throughput,
         "layout": result.layout.describe(),
     }
+    if result.servers:  # parameter servers: where the time went, and how stale it got
+        out["details"] = _ps_details(result)
+    return out
+
+
+def _ps_details(result: Any) -> str:
+    parts = []
+    rates = [w.get("steps_per_second") for w in result.workers]
+    if any(rates):
+        parts.append("steps/s per worker " + "/".join(f"{r:.0f}" for r in rates if r))
+    timing = [w.get("timing") for w in result.workers if w.get("timing")]
+    if timing:
+        t = timing[0]
+        steps = max(1, t["steps"])
+        parts.append(
+            "worker 0 ms/step: wait {:.1f}, compute {:.1f}, push {:.1f}".format(
+                *(1000 * t[k] / steps for k in ("wait_s", "compute_s", "push_s"))
+            )
+        )
+    if result.staleness:
+        s = result.staleness
+        parts.append(f"staleness p50/p90/max {s['p50']}/{s['p90']}/{s['max']}")
+    if result.steps_ahead:
+        parts.append(f"steps ahead max {result.steps_ahead['max']}")
+    for server in result.servers:
+        if "apply_seconds" in server:
+            dropped = f", dropped {server['dropped']}" if server["dropped"] else ""
+            parts.append(
+                f"{server['name']}: {server['bytes'] / 1e6:.2f} MB, {server['applied']} updates "
+                f"in {server['apply_seconds']:.1f}s{dropped}"
+            )
+        else:
+            parts.append(f"{server['name']}: {len(server['holds'])} variables")
+    return "; ".join(parts)
 
 
 def _ray_train_loop(config: dict[str, Any]) -> None:
@@ -345,6 +433,7 @@ def child_main(args: argparse.Namespace) -> None:
         "raytf-mirrored": partial(run_raytf, "mirrored"),
         "raytf-allreduce": partial(run_raytf, "all-reduce"),
         "ray-train": run_ray_train,
+        **{r.key: partial(run_raytf, r.key) for r in RUNNERS if r.key.startswith("ps-")},
     }
     try:
         import tensorflow  # noqa: F401  (import cost stays outside every timer; no op runs)
@@ -410,6 +499,8 @@ def run_child(runner: str, workload: str, args: argparse.Namespace) -> dict[str,
         args.optimizer,
         "--num-cpus",
         str(args.num_cpus),
+        "--straggler-ms",
+        str(args.straggler_ms),
     ]
     proc = subprocess.Popen(
         cmd,
@@ -564,7 +655,10 @@ def machine_facts() -> str:
 def parent_main(args: argparse.Namespace) -> None:
     """Run every (workload, runner) in its own process, repeats interleaved, then print."""
     workloads = list(WORKLOADS) if args.workload == "all" else [args.workload]
-    runners = [r.key for r in RUNNERS] if args.runners == "all" else args.runners.split(",")
+    if args.runners == "all":
+        runners = [r.key for r in RUNNERS]
+    else:
+        runners = GROUPS.get(args.runners) or args.runners.split(",")
     unknown = [r for r in runners if r not in RUNNER_BY_KEY]
     if unknown:
         sys.exit(f"unknown runner(s) {unknown}; choose from {[r.key for r in RUNNERS]}")
@@ -575,7 +669,8 @@ def parent_main(args: argparse.Namespace) -> None:
     print(
         f"settings: global batch {GLOBAL_BATCH}, steps/epoch {steps}, epochs {args.epochs}, "
         f"{args.spe} steps per tf.function call, optimizer {args.optimizer}, "
-        f"repeats {args.repeats}, Ray num_cpus {args.num_cpus}",
+        f"repeats {args.repeats}, Ray num_cpus {args.num_cpus}"
+        + (f", worker 1 slowed by {args.straggler_ms:g} ms/step" if args.straggler_ms else ""),
         flush=True,
     )
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -600,6 +695,10 @@ def parent_main(args: argparse.Namespace) -> None:
     print(plain_table(header, rows))
     for note in pair_notes(summary, workloads, runners):
         print(note)
+    for (w, key), runs in results.items():
+        details = [r["details"] for r in runs if r.get("details")]
+        if details:
+            print(f"  {w} {key}: {details[-1]}")
     print(
         "examples/s: steady state, global, the first (tracing) tf.function call excluded.\n"
         "first step s: from the call (raytf.fit / trainer.fit / start of the by-hand run) to "
@@ -633,7 +732,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     p.add_argument(
-        "--runners", default="all", help=f"comma-separated subset of {[r.key for r in RUNNERS]}"
+        "--runners",
+        default="core",
+        help=f"'core' (default), 'ps', 'all', or a comma-separated subset of "
+        f"{[r.key for r in RUNNERS]}",
+    )
+    p.add_argument(
+        "--straggler-ms",
+        type=float,
+        default=0.0,
+        help="slow raytf's worker 1 by this many ms per step (a straggler)",
     )
     p.add_argument("--num-cpus", type=int, default=4, help="ray.init(num_cpus=...) in children")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per child process")

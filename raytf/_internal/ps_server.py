@@ -79,6 +79,10 @@ class ParameterShard:
 
         from raytf._internal.engine import build_compiled_model
 
+        # A server's ops are small and serial (one update at a time): one thread each, so its
+        # thread pools do not spin against the workers' on the same cores.
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
         if job.seed is not None:
             keras.utils.set_random_seed(job.seed)
         # The user's own compiled optimizer (any class, schedule or clipping), built on the
@@ -97,9 +101,35 @@ class ParameterShard:
         ]
         if self.trainable:
             self.optimizer.build(self.trainable)
-        self._apply = tf.function(
-            lambda grads: self.optimizer.apply_gradients(zip(grads, self.trainable))
-        )
+        trainable, extras = self.trainable, self.extras
+        sizes = [int(v["value"].size) for v in variables]
+        n_trainable = len(trainable)
+
+        # Workers send one flat float32 buffer: the gradients of this server's trainable
+        # variables, then the new values of its non-trainable ones.
+        @tf.function
+        def apply(flat: tf.Tensor) -> None:
+            parts = tf.split(flat, sizes)
+            grads = [
+                tf.cast(tf.reshape(p, v.shape), v.dtype)
+                for p, v in zip(parts[:n_trainable], trainable)
+            ]
+            if trainable:
+                self.optimizer.apply_gradients(zip(grads, trainable))
+            for p, v in zip(parts[n_trainable:], extras):
+                v.assign(tf.cast(tf.reshape(p, v.shape), v.dtype))
+
+        @tf.function
+        def values() -> tf.Tensor:
+            return tf.concat(
+                [tf.reshape(tf.cast(v.value, tf.float32), [-1]) for v in trainable + extras], 0
+            )
+
+        self._apply, self._flat_values = apply, values
+        total = sum(sizes)
+        # Trace both now, not on the first step (nothing runs: tracing creates no state).
+        apply.get_concrete_function(tf.TensorSpec([total], tf.float32))
+        values.get_concrete_function()
         self.workers: int = config["workers"]
         self.staleness: int | None = config["staleness"]
         self.quorum = self.workers - config.get("backup_workers", 0)
@@ -109,7 +139,7 @@ class ParameterShard:
         self.pending: list[tuple[int, list, list]] = []
         self.cond = asyncio.Condition()
         self._snapshot_at: int | None = None
-        self._snapshot: list[Any] = []
+        self._snapshot: Any = None
         self.stats: dict[str, Any] = {
             "pushes": 0,
             "applied": 0,
@@ -166,7 +196,7 @@ class ParameterShard:
         return self._manager.save(checkpoint_number=epoch + 1)
 
     # ------------------------------------------------------------------ traffic
-    async def pull(self, worker: int, step: int | None) -> tuple[int, list[Any]]:
+    async def pull(self, worker: int, step: int | None) -> tuple[int, Any]:
         """(version, values) for ``step`` (None: now, no staleness wait)."""
         if step is not None:
             await self._wait_for_bound(step)
@@ -178,25 +208,25 @@ class ParameterShard:
         worker: int,
         step: int,
         version: int,
-        grads: list[Any],
-        extras: list[Any],
+        flat: Any,
         last: bool,
         want_weights: bool,
-    ) -> tuple[int, list[Any] | None]:
-        """Gradients of ``worker`` at ``step``, computed on ``version`` of this shard.
+    ) -> tuple[int, Any]:
+        """The flat gradients (and non-trainable values) of ``worker`` at ``step``, computed
+        on ``version`` of this shard.
 
         Returns (version, values) when ``want_weights`` (the weights for the worker's next
         step, saving it a round trip), else (version, None).
         """
         self.stats["pushes"] += 1
-        self.stats["bytes_in"] += sum(g.nbytes for g in grads) + sum(e.nbytes for e in extras)
+        self.stats["bytes_in"] += flat.nbytes
         if self.staleness == 0:
             t0 = time.perf_counter()
             async with self.cond:
                 if version < self.version:  # the step closed without it: late, dropped
                     self.stats["dropped"] += 1
                 else:
-                    self.pending.append((worker, grads, extras))
+                    self.pending.append((worker, flat))
                 if last:
                     self.active.discard(worker)
                 self._maybe_close()
@@ -205,7 +235,7 @@ class ParameterShard:
         else:
             async with self.cond:
                 self.staleness_hist[self.version - version] += 1
-                self._apply_one(grads, extras)
+                self._apply_one(flat)
                 self.clock[worker] = max(self.clock[worker], step + 1)
                 self.cond.notify_all()
         if not want_weights:
@@ -216,23 +246,19 @@ class ParameterShard:
         """Close the synchronous step if enough gradients are in (caller holds the lock)."""
         if not self.pending:
             return
-        pushed = {w for w, _, _ in self.pending}
+        pushed = {w for w, _ in self.pending}
         if len(self.pending) < self.quorum and not self.active <= pushed:
             return
         n = len(self.pending)
-        grads = [_mean([p[1][i] for p in self.pending], n) for i in range(len(self.trainable))]
-        extras = [_mean([p[2][i] for p in self.pending], n) for i in range(len(self.extras))]
         self.staleness_hist[0] += n
-        self._apply_one(grads, extras)
+        # Mean of the gradients (and of the non-trainable values) the step accepted.
+        self._apply_one(_mean([flat for _, flat in self.pending], n))
         self.pending = []
         self.cond.notify_all()
 
-    def _apply_one(self, grads: list[Any], extras: list[Any]) -> None:
+    def _apply_one(self, flat: Any) -> None:
         t0 = time.perf_counter()
-        if self.trainable:
-            self._apply(grads)
-        for var, value in zip(self.extras, extras):
-            var.assign(value)
+        self._apply(flat)
         self.version += 1
         self.stats["applied"] += 1
         self.stats["apply_seconds"] += time.perf_counter() - t0
@@ -248,13 +274,13 @@ class ParameterShard:
         if self.staleness != 0:
             self.gap_hist[max(0, step - min(self.clock.values()))] += 1
 
-    def _values(self) -> list[Any]:
-        """This shard's values, copied out of TensorFlow once per version."""
+    def _values(self) -> Any:
+        """This shard's values as one flat buffer, copied out of TensorFlow once per version."""
         if self._snapshot_at != self.version:
-            self._snapshot = [v.numpy() for v in self.trainable + self.extras]
+            self._snapshot = self._flat_values().numpy()
             self._snapshot_at = self.version
         self.stats["pulls"] += 1
-        self.stats["bytes_out"] += sum(v.nbytes for v in self._snapshot)
+        self.stats["bytes_out"] += self._snapshot.nbytes
         return self._snapshot
 
     async def report(self) -> dict[str, Any]:

@@ -43,11 +43,7 @@ class PSWorker(TrainWorker):
         self.server_names = server_names
         self.staleness = config["staleness"]
         self.prefetch = bool(config["prefetch_weights"]) and self.staleness != 0
-        n_trainable = len(self._engine.trainable)
-        self.slots = [[i for i, o in enumerate(owner) if o == s] for s in range(len(servers))]
-        self.grad_slots = [[i for i in sl if i < n_trainable] for sl in self.slots]
-        self.extra_slots = [[i - n_trainable for i in sl if i >= n_trainable] for sl in self.slots]
-        self.n_shared = len(owner)
+        self._engine.connect(owner, len(servers))
         self.versions = [0] * len(servers)
         self._next: list[Any] | None = None  # refs that answer with the next step's weights
         self._acks: list[Any] = []
@@ -75,25 +71,16 @@ class PSWorker(TrainWorker):
         return [s.pull.remote(self.index, step) for s in self.servers]
 
     def _weights(self, refs: list[Any]) -> list[Any]:
-        """Assemble the full weight list from each shard's (version, values) answer."""
-        weights: list[Any] = [None] * self.n_shared
+        """Each server's flat weights, from its (version, values) answer."""
+        flats = []
         for s, (version, values) in enumerate(self._get(refs)):
             self.versions[s] = version
-            for slot, value in zip(self.slots[s], values):
-                weights[slot] = value
-        return weights
+            flats.append(values)
+        return flats
 
-    def _push(self, step: int, grads: list, extras: list, last: bool, want: bool) -> list[Any]:
+    def _push(self, step: int, flats: list[Any], last: bool, want: bool) -> list[Any]:
         return [
-            server.push.remote(
-                self.index,
-                step,
-                self.versions[s],
-                [grads[i] for i in self.grad_slots[s]],
-                [extras[i] for i in self.extra_slots[s]],
-                last,
-                want,
-            )
+            server.push.remote(self.index, step, self.versions[s], flats[s], last, want)
             for s, server in enumerate(self.servers)
         ]
 
@@ -118,11 +105,11 @@ class PSWorker(TrainWorker):
             if self.prefetch and not last:
                 self._next = self._pull(step + 1)  # overlaps this step's compute
             t1 = time.perf_counter()
-            grads, extras = eng.gradients(weights)
+            grads = eng.gradients(weights)
             t2 = time.perf_counter()
             self._drain()  # at most one push in flight: errors surface, memory stays bounded
             want = not self.prefetch and not last
-            refs = self._push(step, grads, extras, last, want)
+            refs = self._push(step, grads, last, want)
             if want:
                 self._next = refs
             else:
