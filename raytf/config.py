@@ -43,3 +43,42 @@ class Timeouts:
                 raise ConfigError(
                     f"Timeouts.{f.name} must be a positive number of seconds, received {value!r}."
                 )
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    """What a run does when an actor dies (process killed, node lost, preempted).
+
+    - ``max_failures``: recoveries allowed before the run fails (0: fail on the first).
+    - ``checkpoint_every_steps`` / ``checkpoint_every_s``: how often workers checkpoint within
+      an epoch, bounding the work redone after a failure (epoch ends always checkpoint).
+
+    On a failure raytf stops the group, starts a new one (elsewhere if the old resources are
+    gone), restores the newest checkpoint that reads back whole and continues; the result lists
+    each failure and what it cost. Errors in your own code (a bad data path, a typo) are not
+    retried: they would fail again. Without ``checkpoint_dir`` raytf checkpoints to a temporary
+    directory on this machine (fine on one node; give shared storage across nodes).
+    """
+
+    max_failures: int = 0
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_s: float | None = None
+
+    def __post_init__(self) -> None:
+        m = self.max_failures
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ConfigError(
+                f"FailurePolicy.max_failures must be an integer >= 0, received {m!r}."
+            )
+        n = self.checkpoint_every_steps
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(
+                f"FailurePolicy.checkpoint_every_steps must be a positive integer or None, "
+                f"received {n!r}."
+            )
+        s = self.checkpoint_every_s
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or s <= 0):
+            raise ConfigError(
+                f"FailurePolicy.checkpoint_every_s must be a positive number of seconds or "
+                f"None, received {s!r}."
+            )

@@ -52,10 +52,11 @@ class PSGroup(WorkerGroup):
 class ParameterServerCoordinator(Coordinator):
     group_class = PSGroup
 
-    def _start(self, placement: Any) -> tuple[WorkerGroup, list, list]:
-        group, ready, devices = super()._start(placement)
+    def _start_strategies(self, group: PSGroup, specs: list[Any]) -> list[Any]:  # type: ignore[override]
+        # Inside the start-up's try: a server that fails to come up stops every actor.
+        devices = super()._start_strategies(group, specs)
         self.server_rows = group.call_servers("ready", None, self.timeouts.start_s, "start")
-        return group, ready, devices
+        return devices
 
     def _prepare(self, group: PSGroup, infos: list[dict[str, Any]]) -> int:  # type: ignore[override]
         layout, t = self.layout, self.timeouts
@@ -67,6 +68,7 @@ class ParameterServerCoordinator(Coordinator):
         owner = shard_by_size([v["value"].nbytes for v in variables], layout.ps)
         config = {
             "workers": layout.workers,
+            "servers": layout.ps,
             "staleness": layout.staleness,
             "backup_workers": layout.backup_workers,
             "prefetch_weights": layout.prefetch_weights,
@@ -90,7 +92,9 @@ class ParameterServerCoordinator(Coordinator):
         return super()._prepare(group, built)
 
     def _before_epoch(self, group: PSGroup, epoch: int, steps: int) -> None:  # type: ignore[override]
-        group.call_servers("start_epoch", [(epoch, steps)] * len(group.servers), 60.0, "epoch")
+        group.call_servers(
+            "start_epoch", [(steps,)] * len(group.servers), self.timeouts.start_s, "start"
+        )
 
     def _after_epoch(  # type: ignore[override]
         self, group: PSGroup, epoch: int, results: list[dict[str, Any]]

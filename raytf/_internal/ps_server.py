@@ -5,19 +5,26 @@ optimizer, so optimizer state (Adam's moments, the iteration count behind learni
 schedules) lives with the variables. One event loop serialises every update; waits
 (a synchronous step's barrier, the staleness bound) are ``asyncio`` waits that hold no thread.
 
-Consistency rules, per shard:
+An epoch ends on the servers, not on each worker: ``start_epoch`` sets a target version (the
+epoch's synchronous steps, or every worker batch of it when updates are applied one by one),
+and every reply says whether it is reached, so fast workers are not held to the pace of a
+straggler's own share. Consistency rules, per shard:
 - synchronous (staleness 0): a step closes when ``workers - backup`` gradients computed on the
-  current version have arrived, or when every worker still in the epoch has pushed; their mean
-  is applied once. A gradient computed on an older version is late and dropped, never applied.
-- bounded staleness k: each gradient is applied on arrival; a pull for step t waits until every
-  worker has pushed step t - k - 1, so no worker is more than k steps ahead of the slowest.
+  current version have arrived, or when every worker has answered the step (a late push,
+  computed on an older version, answers but is dropped, never applied); their mean is applied
+  once.
+- bounded staleness k: each gradient is applied on arrival; a worker's pull for its step t
+  waits until every worker has pushed t - k steps, so none is more than k steps ahead of the
+  slowest.
 - asynchronous: each gradient is applied on arrival; nothing waits.
+Every wait also ends when the epoch does, so nobody waits for a worker that has stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import time
 import traceback
@@ -26,7 +33,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from raytf._internal.worker import actor_info
-from raytf.errors import RaytfError, WorkerError
+from raytf.errors import ConfigError, RaytfError, WorkerError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -130,13 +137,58 @@ class ParameterShard:
         # Trace both now, not on the first step (nothing runs: tracing creates no state).
         apply.get_concrete_function(tf.TensorSpec([total], tf.float32))
         values.get_concrete_function()
-        self.workers: int = config["workers"]
-        self.staleness: int | None = config["staleness"]
-        self.quorum = self.workers - config.get("backup_workers", 0)
-        self.version = 0
-        self.clock = dict.fromkeys(range(self.workers), 0)
-        self.active: set[int] = set(range(self.workers))
-        self.pending: list[tuple[int, list, list]] = []
+        if config.get("servers", 1) > 1:
+            _check_shardable(self.optimizer, config["servers"])
+        self.init_protocol(config["workers"], config["staleness"], config.get("backup_workers", 0))
+        start = self._setup_checkpoint(config.get("checkpoint_dir"), config.get("resume", False))
+        self._snapshot_at = None
+        nbytes = sum(int(v.numpy().nbytes) for v in self.trainable + self.extras)
+        return {"start_epoch": start, "bytes": nbytes, "variables": len(self.names)}
+
+    def _setup_checkpoint(self, directory: str | None, resume: bool) -> int:
+        import tensorflow as tf
+
+        self._manager = None
+        self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._version = tf.Variable(0, dtype=tf.int64, trainable=False)
+        if not directory:
+            return 0
+        own = self.trainable + self.extras
+        ckpt = tf.train.Checkpoint(
+            variables=dict(zip([_safe(n) for n in self.names], own)),
+            optimizer=self.optimizer,
+            epoch=self._epoch,
+            version=self._version,
+        )
+        path = os.path.join(directory, f"ps-{self.index}")
+        self._manager = tf.train.CheckpointManager(ckpt, path, max_to_keep=3)
+        listing = os.path.join(path, "variables.json")
+        if resume and self._manager.latest_checkpoint:
+            with open(listing) as f:
+                saved = json.load(f)
+            if saved != self.names:
+                raise ConfigError(
+                    f"{self.name}: the checkpoint in {path} holds {saved}, this run puts "
+                    f"{self.names} here: the sharding changed (another ps= or model). Resume "
+                    "with the settings that wrote it, or use a new checkpoint_dir."
+                )
+            ckpt.restore(self._manager.latest_checkpoint).assert_existing_objects_matched()
+            self.version = int(self._version.numpy())
+        os.makedirs(path, exist_ok=True)
+        with open(listing, "w") as f:
+            json.dump(self.names, f)
+        return int(self._epoch.numpy())
+
+    def init_protocol(self, workers: int, staleness: int | None, backup_workers: int) -> None:
+        """The consistency state machine, apart from TensorFlow (unit-tested on its own)."""
+        self.workers = workers
+        self.staleness = staleness
+        self.quorum = workers - backup_workers
+        self.version = getattr(self, "version", 0)
+        self.clock = dict.fromkeys(range(workers), 0)  # steps each worker has pushed
+        self.pending: list[tuple[int, Any]] = []
+        self.answered: set[int] = set()  # workers heard from in the open synchronous step
+        self.epoch_target: int | None = None
         self.cond = asyncio.Condition()
         self._snapshot_at: int | None = None
         self._snapshot: Any = None
@@ -152,40 +204,18 @@ class ParameterShard:
         }
         self.staleness_hist: Counter[int] = Counter()
         self.gap_hist: Counter[int] = Counter()
-        start = self._setup_checkpoint(config.get("checkpoint_dir"), config.get("resume", False))
-        nbytes = sum(int(v.numpy().nbytes) for v in self.trainable + self.extras)
-        return {"start_epoch": start, "bytes": nbytes, "variables": len(self.names)}
-
-    def _setup_checkpoint(self, directory: str | None, resume: bool) -> int:
-        import tensorflow as tf
-
-        self._manager = None
-        self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self._version = tf.Variable(0, dtype=tf.int64, trainable=False)
-        if not directory:
-            return 0
-        ckpt = tf.train.Checkpoint(
-            trainable=self.trainable,
-            extras=self.extras,
-            optimizer=self.optimizer,
-            epoch=self._epoch,
-            version=self._version,
-        )
-        path = os.path.join(directory, f"ps-{self.index}")
-        self._manager = tf.train.CheckpointManager(ckpt, path, max_to_keep=3)
-        if resume and self._manager.latest_checkpoint:
-            ckpt.restore(self._manager.latest_checkpoint).assert_existing_objects_matched()
-            self.version = int(self._version.numpy())
-        return int(self._epoch.numpy())
 
     # ------------------------------------------------------------------ epochs
-    async def start_epoch(self, epoch: int, steps: int) -> None:
-        """Every worker is in again; clocks start at the epoch's first step (after a resume)."""
+    async def start_epoch(self, steps: int) -> None:
+        """Open an epoch of ``steps`` global steps (x workers when applied one by one)."""
         async with self.cond:
-            self.active = set(range(self.workers))
-            first = epoch * steps
-            for w in self.clock:
-                self.clock[w] = max(self.clock[w], first)
+            per_update = 1 if self.staleness == 0 else self.workers
+            self.epoch_target = self.version + steps * per_update
+            self.answered = set()
+            self.cond.notify_all()
+
+    def done(self) -> bool:
+        return self.epoch_target is not None and self.version >= self.epoch_target
 
     @surface_async_errors
     async def save(self, epoch: int) -> str | None:
@@ -196,64 +226,62 @@ class ParameterShard:
         return self._manager.save(checkpoint_number=epoch + 1)
 
     # ------------------------------------------------------------------ traffic
-    async def pull(self, worker: int, step: int | None) -> tuple[int, Any]:
-        """(version, values) for ``step`` (None: now, no staleness wait)."""
+    async def pull(self, worker: int, step: int | None) -> tuple[int, Any, bool]:
+        """(version, values, epoch done) for the worker's ``step`` (None: now, no wait)."""
         if step is not None:
             await self._wait_for_bound(step)
-        return self.version, self._values()
+        return self.version, self._values(), self.done()
 
     @surface_async_errors
     async def push(
-        self,
-        worker: int,
-        step: int,
-        version: int,
-        flat: Any,
-        last: bool,
-        want_weights: bool,
-    ) -> tuple[int, Any]:
-        """The flat gradients (and non-trainable values) of ``worker`` at ``step``, computed
-        on ``version`` of this shard.
+        self, worker: int, version: int, flat: Any, want_weights: bool
+    ) -> tuple[int, Any, bool]:
+        """The flat gradients (and non-trainable values) of ``worker``, computed on
+        ``version`` of this shard.
 
-        Returns (version, values) when ``want_weights`` (the weights for the worker's next
-        step, saving it a round trip), else (version, None).
+        Returns (version, values, epoch done); values are the weights for the worker's next
+        step when ``want_weights`` (saving it a round trip), else None.
         """
         self.stats["pushes"] += 1
         self.stats["bytes_in"] += flat.nbytes
-        if self.staleness == 0:
+        if self.staleness != 0:
+            async with self.cond:
+                self.clock[worker] += 1  # a step done, applied or not: the staleness clock
+                if self.done():  # the epoch closed while this gradient was in flight
+                    self.stats["dropped"] += 1
+                else:
+                    self.staleness_hist[self.version - version] += 1
+                    self._apply_one(flat)
+                self.cond.notify_all()
+        elif self.done():
+            self.stats["dropped"] += 1
+        else:
             t0 = time.perf_counter()
             async with self.cond:
                 if version < self.version:  # the step closed without it: late, dropped
                     self.stats["dropped"] += 1
                 else:
                     self.pending.append((worker, flat))
-                if last:
-                    self.active.discard(worker)
+                self.answered.add(worker)
                 self._maybe_close()
                 await self.cond.wait_for(lambda: self.version > version)
             self.stats["wait_seconds"] += time.perf_counter() - t0
-        else:
-            async with self.cond:
-                self.staleness_hist[self.version - version] += 1
-                self._apply_one(flat)
-                self.clock[worker] = max(self.clock[worker], step + 1)
-                self.cond.notify_all()
         if not want_weights:
-            return self.version, None
-        return await self.pull(worker, step + 1)
+            return self.version, None, self.done()
+        return await self.pull(worker, None if self.staleness == 0 else self.clock[worker])
 
     def _maybe_close(self) -> None:
         """Close the synchronous step if enough gradients are in (caller holds the lock)."""
         if not self.pending:
             return
-        pushed = {w for w, _ in self.pending}
-        if len(self.pending) < self.quorum and not self.active <= pushed:
+        if len(self.pending) < self.quorum and len(self.answered) < self.workers:
             return
         n = len(self.pending)
         self.staleness_hist[0] += n
         # Mean of the gradients (and of the non-trainable values) the step accepted.
         self._apply_one(_mean([flat for _, flat in self.pending], n))
         self.pending = []
+        self.answered = set()
         self.cond.notify_all()
 
     def _apply_one(self, flat: Any) -> None:
@@ -264,14 +292,16 @@ class ParameterShard:
         self.stats["apply_seconds"] += time.perf_counter() - t0
 
     async def _wait_for_bound(self, step: int) -> None:
-        """Bounded staleness: no worker starts step t before all have pushed step t - k - 1."""
+        """Bounded staleness: a worker starts step t once every worker has pushed t - k."""
         if self.staleness:  # 0 (sync) waits in push; None (async) never waits
             k = self.staleness
             t0 = time.perf_counter()
             async with self.cond:
-                await self.cond.wait_for(lambda: min(self.clock.values()) >= step - k)
+                await self.cond.wait_for(
+                    lambda: min(self.clock.values()) >= step - k or self.done()
+                )
             self.stats["wait_seconds"] += time.perf_counter() - t0
-        if self.staleness != 0:
+        if self.staleness != 0 and not self.done():
             self.gap_hist[max(0, step - min(self.clock.values()))] += 1
 
     def _values(self) -> Any:
@@ -293,6 +323,23 @@ class ParameterShard:
             "staleness": dict(self.staleness_hist),
             "steps_ahead": dict(self.gap_hist),
         }
+
+
+def _check_shardable(optimizer: Any, servers: int) -> None:
+    """Optimizers that look at every gradient at once cannot be split over servers."""
+    import keras
+
+    if getattr(optimizer, "global_clipnorm", None):
+        raise ConfigError(
+            f"The optimizer clips by global norm (global_clipnorm="
+            f"{optimizer.global_clipnorm}), but with ps={servers} each server sees only its "
+            "share of the gradients. Use ps=1, or clipnorm=/clipvalue= (per variable)."
+        )
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ConfigError(
+            f"A LossScaleOptimizer keeps one loss scale for all gradients; with ps={servers} "
+            "each server would adjust its own. Use ps=1 with mixed precision."
+        )
 
 
 def _mean(arrays: list[Any], n: int) -> Any:

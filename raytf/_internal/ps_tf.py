@@ -5,8 +5,8 @@ Worker and ps tasks are ``tf.distribute.Server`` processes; a chief actor runs
 the workers (asynchronous; TensorFlow reschedules the closures of a lost worker). Three
 TensorFlow/Keras behaviours shape this file (measured, see the facts notes):
 
-- under this strategy the input context always says pipeline 0 of 1, so workers cannot tell
-  their shard apart; a counter on the servers hands each worker's dataset its index;
+- under this strategy the input context always says pipeline 0 of 1; the worker's index comes
+  from ``experimental_get_current_worker_index`` inside the dataset function;
 - Keras 3's ``Variable.assign_add`` reads then writes, so two workers updating one metric lose
   updates (accuracy above 1); the chief makes it the atomic TensorFlow op in its own process;
 - ``model.fit`` fails here, so the raytf loop is scheduled as is.
@@ -146,17 +146,18 @@ def _tf_engine() -> type:
             n = self.spec.num_workers
             unit = self.ctx.worker_batch_size
             contexts = [InputContext(**{**self.ctx.__dict__, "worker_index": i}) for i in range(n)]
-            with self.strategy.scope():
-                ticket = tf.Variable(0, dtype=tf.int64, trainable=False, name="raytf_ticket")
 
             def dataset_fn(_: Any) -> tf.data.Dataset:
                 # Traced once and sent to every worker (datasets cannot be captured from the
-                # chief), so all shards are built here and a counter on the servers picks one.
+                # chief), so every shard is built here and the worker picks its own; the data
+                # function still sees a plain int worker_index.
                 shards = [
                     self.job.data_fn(ctx).batch(unit, drop_remainder=True).repeat()
                     for ctx in contexts
                 ]
-                index = (ticket.assign_add(1, read_value=True) - 1) % n
+                index = tf.cast(
+                    tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64
+                )
                 choice = tf.data.Dataset.from_tensors(index).repeat()
                 picked = tf.data.Dataset.choose_from_datasets(shards, choice)
                 return picked.prefetch(tf.data.AUTOTUNE)

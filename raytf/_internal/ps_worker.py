@@ -44,7 +44,8 @@ class PSWorker(TrainWorker):
         self.staleness = config["staleness"]
         self.prefetch = bool(config["prefetch_weights"]) and self.staleness != 0
         self._engine.connect(owner, len(servers))
-        self.versions = [0] * len(servers)
+        self.versions = [0] * len(servers)  # of the weights the current step computes on
+        self.step = 0  # steps this worker has started, across epochs
         self._next: list[Any] | None = None  # refs that answer with the next step's weights
         self._acks: list[Any] = []
         self.timing = {"wait_s": 0.0, "compute_s": 0.0, "push_s": 0.0, "steps": 0}
@@ -68,52 +69,58 @@ class PSWorker(TrainWorker):
             ) from None
 
     def _pull(self, step: int | None) -> list[Any]:
+        """Ask every server for its weights for this worker's ``step`` (None: now)."""
         return [s.pull.remote(self.index, step) for s in self.servers]
 
-    def _weights(self, refs: list[Any]) -> list[Any]:
-        """Each server's flat weights, from its (version, values) answer."""
-        flats = []
-        for s, (version, values) in enumerate(self._get(refs)):
+    def _weights(self, refs: list[Any]) -> tuple[list[Any], bool]:
+        """Each server's flat weights, and whether every server says the epoch is over."""
+        flats, done = [], []
+        for s, (version, values, finished) in enumerate(self._get(refs)):
             self.versions[s] = version
             flats.append(values)
-        return flats
+            done.append(finished)
+        return flats, all(done)
 
-    def _push(self, step: int, flats: list[Any], last: bool, want: bool) -> list[Any]:
+    def _push(self, flats: list[Any], want: bool) -> list[Any]:
         return [
-            server.push.remote(self.index, step, self.versions[s], flats[s], last, want)
+            server.push.remote(self.index, self.versions[s], flats[s], want)
             for s, server in enumerate(self.servers)
         ]
 
     def _drain(self) -> None:
+        """Wait for the previous push's acknowledgements: errors surface, memory stays bounded."""
         if self._acks:
-            for s, (version, _) in enumerate(self._get(self._acks)):
-                self.versions[s] = max(self.versions[s], version)
+            self._get(self._acks)
             self._acks = []
 
     # ------------------------------------------------------------------ epochs
     @surface_errors
     def run_epoch(self, epoch: int, steps: int, validation_steps: int | None) -> dict[str, Any]:
+        """Train until the servers say the epoch's global steps are done (``steps`` each for
+        synchronous training, ``steps`` x workers worker batches otherwise)."""
         eng = self._engine
         eng.reset_metrics()
         timing = self.timing
-        for s in range(steps):
-            step = epoch * steps + s
-            last = s == steps - 1
+        done_here = 0
+        while True:
             t0 = time.perf_counter()
-            weights = self._weights(self._next or self._pull(step))
+            weights, over = self._weights(self._next or self._pull(self.step))
             self._next = None
-            if self.prefetch and not last:
-                self._next = self._pull(step + 1)  # overlaps this step's compute
+            if over:
+                break
+            if self.prefetch:
+                self._next = self._pull(self.step + 1)  # overlaps this step's compute
             t1 = time.perf_counter()
             grads = eng.gradients(weights)
             t2 = time.perf_counter()
-            self._drain()  # at most one push in flight: errors surface, memory stays bounded
-            want = not self.prefetch and not last
-            refs = self._push(step, grads, last, want)
-            if want:
-                self._next = refs
-            else:
+            self._drain()  # at most one push in flight
+            refs = self._push(grads, want=not self.prefetch)
+            if self.prefetch:
                 self._acks = refs
+            else:
+                self._next = refs  # the push answers with the next step's weights
+            self.step += 1
+            done_here += 1
             t3 = time.perf_counter()
             if eng.first_step_at is None:
                 eng.first_step_at = time.time()
@@ -127,19 +134,20 @@ class PSWorker(TrainWorker):
         self._drain()
         logs = eng.read_metrics()
         if validation_steps and eng._val_data is not None:
-            eng.assign(self._weights(self._pull(None)))
+            eng.assign(self._weights(self._pull(None))[0])
             logs.update(eng.evaluate(validation_steps))
         return {
             "logs": logs,
             "throughput": eng.throughput,
             "checkpoint": None,
             "global_step": max(self.versions),
+            "steps": done_here,
         }
 
     @surface_errors
     def final(self, with_model: bool) -> dict[str, Any]:
         """The model with the servers' latest weights, and this worker's step rate."""
-        self._engine.assign(self._weights(self._pull(None)))
+        self._engine.assign(self._weights(self._pull(None))[0])
         out = self._engine.final(with_model)
         t = self.timing
         seconds = t["wait_s"] + t["compute_s"] + t["push_s"]

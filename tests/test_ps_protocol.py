@@ -1,0 +1,154 @@
+"""The parameter server's consistency rules, step by step: pure asyncio, no Ray, no TF.
+
+A real ParameterShard with TensorFlow's two functions swapped for recorders, so each test can
+script an exact interleaving of pushes and pulls and check who waits, what is applied, and what
+is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from raytf._internal.ps_server import ParameterShard
+
+
+class _Value:
+    def __init__(self, shard):
+        self.shard = shard
+
+    def numpy(self):
+        return np.array([float(self.shard.version)], dtype=np.float32)
+
+
+def shard(workers, staleness=0, backup=0):
+    s = ParameterShard.__new__(ParameterShard)  # no TensorFlow import
+    s.name, s.index = "ps-0", 0
+    s.init_protocol(workers, staleness, backup)
+    s.applied = []
+    s._apply = lambda flat: s.applied.append(np.asarray(flat).copy())
+    s._flat_values = lambda: _Value(s)
+    return s
+
+
+def g(value):
+    return np.array([value], dtype=np.float32)
+
+
+async def settle():
+    """Let every runnable task run until it finishes or blocks (yields, not a timer)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_synchronous_step_waits_for_every_worker_and_applies_the_mean():
+    async def scenario():
+        s = shard(2)
+        await s.start_epoch(steps=1)
+        first = asyncio.create_task(s.push(0, 0, g(1.0), True))
+        await settle()
+        assert not first.done() and s.applied == []  # worker 0 waits for worker 1
+        second = await s.push(1, 0, g(3.0), True)
+        version, _, done = await first
+        assert (version, done) == (1, True) and second[0] == 1
+        np.testing.assert_array_equal(s.applied, [g(2.0)])
+
+    run(scenario())
+
+
+def test_backup_worker_closes_on_the_first_gradients_and_drops_the_late_one():
+    async def scenario():
+        s = shard(3, backup=1)
+        await s.start_epoch(steps=5)
+        a = asyncio.create_task(s.push(0, 0, g(1.0), True))
+        b = asyncio.create_task(s.push(1, 0, g(3.0), True))
+        await settle()
+        assert a.done() and b.done() and len(s.applied) == 1  # closed on 2 of 3
+        late = await s.push(2, 0, g(100.0), True)  # computed on version 0, now 1
+        assert late[0] == 1 and s.stats["dropped"] == 1 and len(s.applied) == 1
+        np.testing.assert_array_equal(s.applied[0], g(2.0))
+
+    run(scenario())
+
+
+def test_a_step_closes_once_every_worker_answered_even_below_quorum():
+    # The cross-server case: one worker's push was dropped here (it is busy on another
+    # server), another's is pending; once the third answers, the step must not wait on.
+    async def scenario():
+        s = shard(3, backup=1)
+        await s.start_epoch(steps=5)
+        s.version = 4  # as after earlier steps
+        pending = asyncio.create_task(s.push(1, 4, g(2.0), True))
+        await s.push(2, 3, g(9.0), True)  # late: dropped, but it answered
+        await settle()
+        assert not pending.done()  # 1 gradient < quorum 2, worker 0 not heard from
+        await s.push(0, 3, g(9.0), True)  # worker 0 late too: everyone answered
+        await settle()
+        assert pending.done() and s.version == 5
+        np.testing.assert_array_equal(s.applied[-1], g(2.0))
+
+    run(scenario())
+
+
+def test_the_epoch_ends_on_the_servers_and_late_pushes_are_dropped():
+    async def scenario():
+        s = shard(2, backup=1)
+        await s.start_epoch(steps=2)
+        assert (await s.push(0, 0, g(1.0), True))[2] is False
+        assert (await s.push(0, 1, g(1.0), True))[2] is True  # 2 steps: the epoch is over
+        straggler = await s.push(1, 0, g(5.0), True)
+        assert straggler[2] is True and s.stats["dropped"] == 1 and len(s.applied) == 2
+        await s.start_epoch(steps=2)
+        assert (await s.pull(1, None))[2] is False
+
+    run(scenario())
+
+
+def test_bounded_staleness_holds_the_fast_worker_k_steps_ahead():
+    async def scenario():
+        s = shard(2, staleness=1)
+        await s.start_epoch(steps=100)
+        for step in range(2):  # worker 0 pushes steps 0 and 1; worker 1 pushed nothing
+            await s.push(0, step, g(1.0), False)
+        ahead = asyncio.create_task(s.pull(0, 2))  # step 2 needs worker 1 at >= 1
+        await settle()
+        assert not ahead.done()
+        await s.push(1, 0, g(1.0), False)
+        await settle()
+        assert ahead.done()
+        assert max(s.gap_hist) <= 1 and s.stats["wait_seconds"] > 0
+
+    run(scenario())
+
+
+def test_the_end_of_an_epoch_releases_a_worker_waiting_on_the_bound():
+    async def scenario():
+        s = shard(2, staleness=1)
+        await s.start_epoch(steps=1)  # 2 worker batches in all
+        await s.push(0, 0, g(1.0), False)
+        blocked = asyncio.create_task(s.pull(0, 2))
+        await settle()
+        assert not blocked.done()
+        await s.push(0, 1, g(1.0), False)  # the second batch ends the epoch
+        await settle()
+        assert blocked.done() and blocked.result()[2] is True
+
+    run(scenario())
+
+
+def test_asynchronous_updates_record_how_stale_each_gradient_was():
+    async def scenario():
+        s = shard(2, staleness=None)
+        await s.start_epoch(steps=10)
+        v0 = (await s.pull(0, 0))[0]
+        await s.push(1, 0, g(1.0), False)
+        await s.push(1, 1, g(1.0), False)
+        await s.push(0, v0, g(1.0), False)  # computed on version 0, applied at version 2
+        assert s.staleness_hist == {0: 2, 2: 1} and s.version == 3
+
+    run(scenario())
