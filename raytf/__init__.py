@@ -6,11 +6,12 @@
 
 from raytf.api import Plan, fit, plan
 from raytf.callbacks import Callback, ProgressLogger, RunInfo
-from raytf.config import Timeouts
+from raytf.config import FailurePolicy, Timeouts
 from raytf.data import InputContext
 from raytf.errors import (
     ConfigError,
     PlacementError,
+    Preempted,
     RaytfError,
     StartupTimeoutError,
     WorkerError,
@@ -25,6 +26,7 @@ __all__ = [
     "AllReduce",
     "Callback",
     "ConfigError",
+    "FailurePolicy",
     "FitResult",
     "InGraph",
     "InputContext",
@@ -32,6 +34,7 @@ __all__ = [
     "ParameterServer",
     "PlacementError",
     "Plan",
+    "Preempted",
     "ProgressLogger",
     "RaytfError",
     "RunInfo",

@@ -14,7 +14,7 @@ from raytf._internal.cluster import ClusterInfo, bundles_fit, cluster_from_ray_n
 from raytf._internal.job import Job, check_batch_split
 from raytf._internal.selection import choose_layout, default_replicas, resolve_use_gpu
 from raytf.callbacks import Callback, ProgressLogger
-from raytf.config import Timeouts
+from raytf.config import FailurePolicy, Timeouts
 from raytf.errors import ConfigError, PlacementError
 from raytf.layouts import Layout, make_layout, resolve
 from raytf.result import FitResult
@@ -214,6 +214,7 @@ def fit(
     seed: int | None = 0,
     steps_per_execution: int | str = "auto",
     timeouts: Timeouts | None = None,
+    failures: FailurePolicy | None = None,
     address: str | None = None,
     stragglers: bool = False,
     preemptible: bool = False,
@@ -225,7 +226,8 @@ def fit(
     worker's unbatched ``tf.data.Dataset`` of ``(features, labels)``. ``layout="auto"`` puts
     the replicas in one graph when they fit on one node and uses all-reduce across nodes
     otherwise, or parameter servers when they pay (``stragglers=True``, ``preemptible=True``,
-    spare CPU-only nodes); ``result.explanation`` says why.
+    spare CPU-only nodes); ``result.explanation`` says why. ``failures=FailurePolicy(...)``
+    lets the run survive dead or preempted actors by restarting from its newest checkpoint.
     """
     started = time.time()
     job = Job(
@@ -248,6 +250,12 @@ def fit(
     timeouts = timeouts or Timeouts()
     if not isinstance(timeouts, Timeouts):
         raise ConfigError(f"timeouts must be a raytf.Timeouts, received {timeouts!r}.")
+    failures = failures or FailurePolicy()
+    if not isinstance(failures, FailurePolicy):
+        raise ConfigError(
+            f"failures must be a raytf.FailurePolicy, received {failures!r}; for example "
+            "failures=raytf.FailurePolicy(max_failures=3, checkpoint_every_steps=100)."
+        )
     for cb in callbacks:
         if not isinstance(cb, Callback):
             raise ConfigError(
@@ -264,6 +272,18 @@ def fit(
         preemptible=preemptible,
     )
     check_batch_split(global_batch_size, chosen.layout.num_replicas)
+    if (
+        failures.max_failures
+        and not checkpoint_dir
+        and len(chosen.cluster.nodes) > 1
+        and len(chosen.layout.bundles()) > 1
+    ):
+        raise ConfigError(
+            f"failures=FailurePolicy(max_failures={failures.max_failures}) on a "
+            f"{len(chosen.cluster.nodes)}-node cluster needs checkpoint_dir= on storage every "
+            "node can read (NFS, a mounted bucket): a recovered worker on another node must "
+            "find the checkpoint to restore."
+        )
 
     hooks = [ProgressLogger(), *callbacks] if verbose else list(callbacks)
     return chosen.layout.coordinator_cls()(
@@ -274,4 +294,5 @@ def fit(
         hooks,
         model_dir=checkpoint_dir,
         started=started,
+        failures=failures,
     ).run()

@@ -24,6 +24,11 @@ class RunInfo:
     validation_steps: int | None
     global_batch_size: int
     workers: tuple[dict[str, Any], ...]
+    #: The checkpoint a resumed run restored, and newer ones skipped as unreadable.
+    resumed_from: str | None = None
+    skipped_checkpoints: tuple[str, ...] = ()
+    #: Parameter-server layouts: the server actors (name, node, pid).
+    servers: tuple[dict[str, Any], ...] = ()
 
 
 class Callback:
@@ -37,6 +42,12 @@ class Callback:
 
     def on_checkpoint(self, epoch: int, path: str) -> None:
         pass
+
+    def on_failure(self, record: dict[str, Any]) -> None:
+        """An actor died or was preempted and the failure policy allows a recovery."""
+
+    def on_recovery(self, record: dict[str, Any]) -> None:
+        """A new group restored a checkpoint and is about to train again."""
 
     def on_fit_end(self, result: FitResult) -> None:
         pass
@@ -65,6 +76,10 @@ class ProgressLogger(Callback):
                 f"raytf:   {w['name']} on {w['node_ip']} pid {w['pid']}: "
                 f"{len(w['devices'])} x {w['device_kind']}"
             )
+        if run.resumed_from:
+            self._print(f"raytf: resumed from {run.resumed_from}")
+        for skipped in run.skipped_checkpoints:
+            self._print(f"raytf: skipped unreadable checkpoint {skipped}")
         self._print(
             f"raytf: {run.steps_per_epoch} steps/epoch at global batch "
             f"{run.global_batch_size}, epochs {run.start_epoch + 1}..{run.epochs}"
@@ -85,3 +100,31 @@ class ProgressLogger(Callback):
 
     def on_checkpoint(self, epoch: int, path: str) -> None:
         self._print(f"raytf: checkpoint {path}")
+
+    def on_failure(self, record: dict[str, Any]) -> None:
+        first, stop = record["segment"]
+        self._print(
+            f"raytf: failure {record['failure']}: {record['worker'] or 'an actor'} "
+            f"{record['reason']} in epoch {record['epoch'] + 1}, steps {first}-{stop} "
+            f"({record['error'][:160]})"
+        )
+
+    def on_recovery(self, record: dict[str, Any]) -> None:
+        restored = record["restored_checkpoint"] or "no checkpoint (from the start)"
+        skipped = record["skipped_checkpoints"]
+        self._print(
+            f"raytf: recovered: restored {restored} (epoch {record['restored_epoch'] + 1}, "
+            f"step {record['restored_step']})"
+            + (f", skipping {len(skipped)} unreadable" if skipped else "")
+            + f"; training again {record['recovery_s']:.1f}s after the failure, "
+            f"at most {record['steps_redone']} step(s) redone"
+        )
+        self._last = time.perf_counter()
+
+    def on_fit_end(self, result: FitResult) -> None:
+        if result.failures:
+            self._print(
+                f"raytf: {len(result.failures)} failure(s) recovered; {result.steps_trained} "
+                f"steps trained, at most {result.steps_redone} redone, "
+                f"{result.time_lost_s:.1f}s lost"
+            )

@@ -117,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--steps-per-epoch", type=int)
     run.add_argument("--checkpoint-dir", help="write checkpoints and model.keras here")
     run.add_argument(
+        "--max-failures",
+        type=int,
+        help="recover from this many dead or preempted actors (default 0: fail)",
+    )
+    run.add_argument(
+        "--checkpoint-every-steps",
+        type=int,
+        help="checkpoint every N steps within epochs (bounds the work redone after a failure)",
+    )
+    run.add_argument(
         "--resume",
         action="store_const",
         const=True,
@@ -187,6 +197,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "global_batch_size",
         "steps_per_epoch",
         "checkpoint_dir",
+        "max_failures",
+        "checkpoint_every_steps",
         "resume",
         "seed",
     )

@@ -51,7 +51,8 @@ class FailurePolicy:
 
     - ``max_failures``: recoveries allowed before the run fails (0: fail on the first).
     - ``checkpoint_every_steps`` / ``checkpoint_every_s``: how often workers checkpoint within
-      an epoch, bounding the work redone after a failure (epoch ends always checkpoint).
+      an epoch, bounding the work redone after a failure (and at the epochs
+      ``checkpoint_every`` says).
 
     On a failure raytf stops the group, starts a new one (elsewhere if the old resources are
     gone), restores the newest checkpoint that reads back whole and continues; the result lists

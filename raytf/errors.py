@@ -59,3 +59,14 @@ def _rebuild_worker_error(message, worker, error_type, remote_traceback) -> Work
     return WorkerError(
         message, worker=worker, error_type=error_type, remote_traceback=remote_traceback
     )
+
+
+class Preempted(RaytfError):
+    """A worker got SIGTERM (a spot instance reclaimed) and checkpointed before exiting."""
+
+    def __init__(self, message: str, checkpoint: str | None = None) -> None:
+        super().__init__(message, checkpoint)
+        self.checkpoint = checkpoint
+
+    def __str__(self) -> str:
+        return str(self.args[0])

@@ -41,6 +41,18 @@ class FitResult:
     #: ``{"histogram": {value: count}, "p50": ..., "p90": ..., "p99": ..., "max": ...}``.
     staleness: dict[str, Any] | None = None
     steps_ahead: dict[str, Any] | None = None
+    #: One record per failure recovered from (see FailurePolicy): who, why, where, the
+    #: checkpoint restored, ``steps_redone`` (at most), ``recovery_s`` and ``time_lost_s``.
+    failures: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    #: Training steps executed by this call, redone ones included.
+    steps_trained: int = 0
+    #: Steps trained twice because of failures (an upper bound: a worker that died mid-way
+    #: through a segment may not have reached its end).
+    steps_redone: int = 0
+    #: Work since the last checkpoint plus the time to get training again, over all failures.
+    time_lost_s: float = 0.0
+    #: The checkpoint a ``resume=True`` run started from (newer unreadable ones skipped).
+    resumed_from: str | None = None
 
     def load_model(self, **kwargs: Any) -> Any:
         """The final model as a ``keras.Model``, read from :attr:`model_path`."""

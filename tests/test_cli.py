@@ -140,7 +140,7 @@ def test_plan_picks_parameter_servers_when_they_pay():
     assert out.returncode == 0, out.stderr
     assert "parameter-server (sync, engine ray): 4 GPU worker(s) + 4 server(s)" in out.stdout
     out = raytf("plan", "--nodes", "4:1,4:1", "--stragglers")
-    assert "parameter-server (bounded staleness 2, engine ray)" in out.stdout, out.stderr
+    assert "parameter-server (sync, 1 backup, engine ray)" in out.stdout, out.stderr
     out = raytf(
         "plan", "--nodes", "8:0", "--layout", "parameter-server", "--workers", "2",
         "--staleness", "async", "--engine", "tensorflow",
@@ -156,6 +156,6 @@ def test_plan_picks_parameter_servers_when_they_pay():
 @pytest.mark.ray
 def test_run_parameter_server_experiment(tmp_path):
     out = raytf("run", "experiments/digits_ps.yaml", "--epochs", "12")
-    assert "parameter-server (bounded staleness 2, engine ray)" in out.stdout, out.stderr[-2000:]
+    assert "parameter-server (sync, 1 backup, engine ray)" in out.stdout, out.stderr[-2000:]
     assert "epoch 12/12" in out.stdout
     assert out.returncode == 0 and "targets met: test_accuracy" in out.stdout, out.stderr[-2000:]

@@ -72,13 +72,13 @@ PS_TABLE = [
         "all-reduce",
         {"workers": 2, "devices": 4, "use_gpu": True},
     ),
-    # stragglers across nodes: bounded staleness, servers one per worker node without CPU nodes
+    # stragglers across nodes: backup workers, servers one per worker node without CPU nodes
     (
         C((4, 1), (4, 1)),
         None,
         {"stragglers": True},
         "parameter-server",
-        {"workers": 2, "ps": 2, "staleness": 2, "use_gpu": True},
+        {"workers": 2, "ps": 2, "staleness": 0, "use_gpu": True, "backup_workers": 1},
     ),
     (
         C((2, 0), (2, 0)),
@@ -92,7 +92,7 @@ PS_TABLE = [
         4,
         {"stragglers": True},
         "parameter-server",
-        {"workers": 4, "ps": 2, "staleness": 2, "use_gpu": False},
+        {"workers": 4, "ps": 2, "staleness": 0, "use_gpu": False, "backup_workers": 1},
     ),
     # preemptible workers: asynchronous, TensorFlow's engine reschedules a lost worker's steps
     (

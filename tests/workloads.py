@@ -176,3 +176,38 @@ def data_fails_on_worker_1(ctx):
     if ctx.worker_index == 1:
         raise FileNotFoundError("/data/shard-1.tfrecord: no such file")
     return data(ctx)
+
+
+def dying_data(marker: str, at_step: int, worker: int = 1, sig: int = 9):
+    """``data``, whose worker ``worker`` sends itself ``sig`` (SIGKILL: 9, SIGTERM: 15) via
+    its pid when its pipeline reaches step ``at_step``, once: ``marker`` records the kill, so
+    the recovered run goes on."""
+
+    def fn(ctx):
+        import os
+
+        import tensorflow as tf
+
+        ds = data(ctx)
+        if ctx.worker_index != worker:
+            return ds
+        at = at_step * ctx.worker_batch_size
+        seen = [0]  # examples produced by this process, across passes over the data
+
+        def maybe_die(i):
+            seen[0] += 1
+            if seen[0] - 1 == at and not os.path.exists(marker):
+                with open(marker, "w") as f:
+                    f.write(str(os.getpid()))
+                os.kill(os.getpid(), sig)
+            return i
+
+        def watched(i, example):
+            x, y = example
+            token = tf.py_function(maybe_die, [i], tf.int64)
+            with tf.control_dependencies([token]):
+                return tf.identity(x), y
+
+        return ds.enumerate().map(watched)
+
+    return fn

@@ -7,7 +7,9 @@ Every wait has a timeout and a failure anywhere tears down everything this run s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -25,10 +27,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from raytf._internal.job import Job
 from raytf._internal.worker import BIND_FAILURE, TrainWorker
 from raytf.callbacks import Callback, RunInfo
-from raytf.config import Timeouts
+from raytf.config import FailurePolicy, Timeouts
 from raytf.errors import (
     ConfigError,
     PlacementError,
+    Preempted,
     RaytfError,
     StartupTimeoutError,
     WorkerError,
@@ -37,6 +40,8 @@ from raytf.layouts.base import Layout
 from raytf.result import FitResult
 
 BIND_ATTEMPTS = 3
+#: How long to look for a dead peer behind a surviving peer's error before reporting it.
+DEATH_GRACE_S = 2.0
 
 
 class _PortTaken(Exception):
@@ -134,7 +139,19 @@ class WorkerGroup:
             try:
                 ray.get(ready[0])
             except Exception as exc:
-                raise _unwrap(exc, names[index[ready[0]]]) from None
+                error = _unwrap(exc, names[index[ready[0]]])
+                if pending and not _recoverable(error):
+                    # A surviving peer can report first; if another actor died, that death is
+                    # the cause (and recoverable): give its error a moment to arrive.
+                    done, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
+                    for ref in done:
+                        try:
+                            ray.get(ref)
+                        except ray.exceptions.RayActorError as death:
+                            raise _unwrap(death, names[index[ref]]) from None
+                        except Exception:
+                            continue
+                raise error from None
         return ray.get(refs)
 
     @staticmethod
@@ -147,6 +164,8 @@ class WorkerGroup:
             "and security groups); raise Timeouts(peers_s=...) for slow networks",
             "epoch": "an epoch did not finish; raise Timeouts(epoch_s=...) for long epochs",
             "final": "the final model was not saved in time; raise Timeouts(start_s=...)",
+            "checkpoint": "a checkpoint was not written in time (slow storage?); raise "
+            "Timeouts(start_s=...)",
         }
         return (
             f"{', '.join(missing)} did not finish '{phase}' within {timeout_s:g}s: "
@@ -198,6 +217,7 @@ class Coordinator:
         group_cls: type[WorkerGroup] | None = None,
         model_dir: str | None = None,
         started: float | None = None,
+        failures: FailurePolicy | None = None,
     ) -> None:
         self.layout = layout
         self.job = job
@@ -207,6 +227,7 @@ class Coordinator:
         self.group_cls = group_cls or self.group_class
         self.model_dir = model_dir
         self.started = started  # wall clock of the user's call, for time to first step
+        self.failure_policy = failures or FailurePolicy()
 
     def _start(self, placement: PlacementGroup | None) -> tuple[WorkerGroup, list, list]:
         t = self.timeouts
@@ -234,9 +255,39 @@ class Coordinator:
         raise AssertionError("unreachable")  # the last attempt re-raises
 
     def run(self) -> FitResult:
+        """Reserve, then run attempts until one finishes; recover from failures the policy
+        allows (a dead actor, a preempted worker) by restarting from the newest checkpoint."""
         started = self.started or time.time()
-        job, t = self.job, self.timeouts
-        placement = reserve(self.layout, t.placement_s)
+        policy, job = self.failure_policy, self.job
+        scratch = None
+        if policy.max_failures and not job.checkpoint_dir:
+            scratch = tempfile.mkdtemp(prefix="raytf-recovery-")
+            job = dataclasses.replace(job, checkpoint_dir=scratch)
+        self._run = _RunState(started=started, checkpoint_at=(0, started))
+        placement = reserve(self.layout, self.timeouts.placement_s)
+        try:
+            while True:
+                try:
+                    finals, workers, extra = self._attempt(placement, job)
+                    break
+                except RaytfError as exc:
+                    if not _recoverable(exc) or len(self._run.failures) >= policy.max_failures:
+                        raise
+                    self._failed(exc)
+                    # Resume from this run's checkpoints (or the user's, when resuming).
+                    resume = self.job.resume or self._run.checkpoint is not None
+                    job = dataclasses.replace(job, resume=resume)
+        finally:
+            if placement is not None:
+                remove_placement_group(placement)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+        return self._result(finals, workers, extra)
+
+    def _attempt(self, placement: PlacementGroup | None, job: Job) -> tuple[list, tuple, dict]:
+        """One group of actors, from start-up (or restore) to the final model."""
+        t, run = self.timeouts, self._run
+        self._job = job  # this attempt's job (a recovery resumes; a scratch checkpoint dir)
         group = None
         try:
             group, ready, devices = self._start(placement)
@@ -246,82 +297,206 @@ class Coordinator:
             if job.validation_fn is not None:
                 val_steps = job.validation_steps or min(i["validation_steps"] for i in infos)
             start_epoch = self._prepare(group, infos)
+            start_step = infos[0].get("start_step", 0) if start_epoch < job.epochs else 0
+            if start_epoch < job.epochs:
+                steps_at = {i.get("start_step", 0) for i in infos}
+                if len(steps_at) > 1:
+                    raise ConfigError(
+                        f"Workers restored different steps {sorted(steps_at)} from "
+                        f"{job.checkpoint_dir!r}: checkpoint_dir must be storage every node "
+                        "can read (NFS, a mounted bucket)."
+                    )
+            position = start_epoch * steps + start_step
+            if position:  # the data goes on where the checkpoint left it
+                group.call("seek", [(position,)] * len(group.actors), t.start_s, "start")
             workers = tuple({**r, **d} for r, d in zip(ready, devices))
-            run_info = RunInfo(
-                self.layout,
-                self.explanation,
-                job.epochs,
-                start_epoch,
-                steps,
-                val_steps,
-                job.global_batch_size,
-                workers,
-            )
-            for cb in self.callbacks:
-                cb.on_fit_start(run_info)
-
-            history: dict[str, list[float]] = {}
-            checkpoint = None
-            global_step = 0
-            durations: list[float] = []
-            for epoch in range(start_epoch, job.epochs):
-                t0 = time.perf_counter()
-                self._before_epoch(group, epoch, steps)
-                results = group.call(
-                    "run_epoch",
-                    [(epoch, steps, val_steps)] * len(workers),
-                    t.epoch_limit(durations),
-                    "epoch",
+            if run.failures and "recovery_s" not in run.failures[-1]:
+                self._recovered(infos[0], position, steps)
+            if not run.announced:
+                run.announced = True
+                run.start_epoch = start_epoch
+                run_info = RunInfo(
+                    self.layout,
+                    self.explanation,
+                    job.epochs,
+                    start_epoch,
+                    steps,
+                    val_steps,
+                    job.global_batch_size,
+                    workers,
+                    infos[0].get("restored"),
+                    tuple(infos[0].get("skipped_checkpoints", ())),
+                    tuple(getattr(self, "server_rows", ())),
                 )
-                seconds = time.perf_counter() - t0
-                durations.append(seconds)
-                logs = _mean_logs([r["logs"] for r in results])
-                logs["examples_per_second"] = steps * job.global_batch_size / seconds
-                rates = [r["throughput"] for r in results]
-                if all(rates):  # steady state so far, tracing excluded: what sweeps rank on
-                    logs["throughput"] = sum(rates)
-                for key, value in logs.items():
-                    history.setdefault(key, []).append(value)
-                global_step = results[0]["global_step"]
+                run.resumed_from = infos[0].get("restored") if self.job.resume else None
                 for cb in self.callbacks:
-                    cb.on_epoch_end(epoch, logs)
-                saved = self._after_epoch(group, epoch, results)
-                if saved:
-                    checkpoint = saved
-                    for cb in self.callbacks:
-                        cb.on_checkpoint(epoch, checkpoint)
-
+                    cb.on_fit_start(run_info)
+            run.checkpoint_at = (position, time.time())
+            for epoch in range(start_epoch, job.epochs):
+                first = start_step if epoch == start_epoch else 0
+                results = self._epoch(group, job, epoch, steps, val_steps, first)
+                if results is not None:
+                    self._finish_epoch(group, job, epoch, steps, results)
             finals = group.call(
                 "final", [(i == 0,) for i in range(len(workers))], t.start_s, "final"
             )
             extra = self._report(group)
-            global_step = extra.pop("global_step", global_step)
+            return finals, workers, extra
         finally:
             if group is not None:
                 group.shutdown()
-            if placement is not None:
-                remove_placement_group(placement)
 
+    def _epoch(
+        self, group: WorkerGroup, job: Job, epoch: int, steps: int, val_steps: Any, first: int
+    ) -> list[dict[str, Any]] | None:
+        """Run an epoch's steps from ``first``, in segments with a checkpoint after each."""
+        run, t = self._run, self.timeouts
+        self._before_epoch(group, epoch, steps)
+        step = first
+        results = None
+        while step < steps:
+            stop = min(steps, step + self._segment(steps))
+            run.segment = (epoch, step, stop, steps)
+            t0 = time.perf_counter()
+            results = group.call(
+                "run_epoch",
+                [(epoch, steps, val_steps, step, stop)] * len(group.actors),
+                t.epoch_limit(run.durations),
+                "epoch",
+            )
+            seconds = time.perf_counter() - t0
+            run.segment = None  # done: a failure from here on is not this segment's
+            run.position = epoch * steps + stop
+            run.seconds[epoch] = run.seconds.get(epoch, 0.0) + seconds
+            run.steps_trained += stop - step
+            run.rate = (stop - step) / seconds if seconds else run.rate
+            if stop < steps and job.checkpoint_dir:
+                paths = group.call(
+                    "save", [(epoch, stop)] * len(group.actors), t.start_s, "checkpoint"
+                )
+                run.checkpoint_at = (epoch * steps + stop, time.time())
+                if paths[0]:
+                    run.checkpoint = paths[0]
+            step = stop
+        return results
+
+    def _finish_epoch(
+        self, group: WorkerGroup, job: Job, epoch: int, steps: int, results: list[dict]
+    ) -> None:
+        run = self._run
+        seconds = run.seconds.pop(epoch, 0.0)
+        run.durations.append(seconds)
+        logs = _mean_logs([r["logs"] for r in results])
+        if seconds:
+            logs["examples_per_second"] = steps * job.global_batch_size / seconds
+        rates = [r["throughput"] for r in results]
+        if all(rates):  # steady state so far, tracing excluded: what sweeps rank on
+            logs["throughput"] = sum(rates)
+        for key, value in logs.items():
+            run.history.setdefault(key, []).append(value)
+        run.global_step = results[0]["global_step"]
+        run.epochs_done += 1
+        # Checkpoint first: a callback that fails or kills must not cost the epoch.
+        saved = self._after_epoch(group, epoch, results)
+        if saved:
+            run.checkpoint = saved
+            run.checkpoint_at = ((epoch + 1) * steps, time.time())
+        for cb in self.callbacks:
+            cb.on_epoch_end(epoch, logs)
+        if saved:
+            for cb in self.callbacks:
+                cb.on_checkpoint(epoch, saved)
+
+    def _segment(self, steps: int) -> int:
+        """Steps between mid-epoch checkpoints: the policy's count, or its seconds at the
+        measured step rate; a whole epoch when the policy asks for neither."""
+        policy = self.failure_policy
+        if policy.checkpoint_every_steps:
+            return min(steps, policy.checkpoint_every_steps)
+        if policy.checkpoint_every_s:
+            if self._run.rate:
+                return max(1, min(steps, int(self._run.rate * policy.checkpoint_every_s)))
+            return max(1, steps // 10)  # until a rate is measured
+        return steps
+
+    def _failed(self, exc: RaytfError) -> None:
+        """Record a failure the policy tolerates; the next attempt restores a checkpoint."""
+        run = self._run
+        if run.segment is not None:
+            epoch, step, stop, steps = run.segment
+            reached, partial = epoch * steps + stop, stop - step
+        else:  # between segments (a checkpoint, validation, start-up): no training lost
+            epoch, step, stop = 0, 0, 0
+            reached, partial = run.position, 0
+        preempted = isinstance(exc, Preempted)
+        record = {
+            "failure": len(run.failures) + 1,
+            "worker": getattr(exc, "worker", None),
+            "reason": "preempted" if preempted else "died",
+            "error": str(exc).splitlines()[0][:300],
+            "epoch": epoch,
+            "segment": (step, stop),
+            "detected_at": time.time(),
+            # Work since the last checkpoint: at most the failed segment's end (a death
+            # mid-segment); a preempted worker checkpointed where it stopped.
+            "reached": reached,
+            "partial": partial,  # steps of the failed segment, at most, done before it
+            "checkpoint": getattr(exc, "checkpoint", None),
+            "since_checkpoint_s": time.time() - run.checkpoint_at[1],
+        }
+        run.failures.append(record)
+        for cb in self.callbacks:
+            cb.on_failure(record)
+
+    def _recovered(self, info: dict[str, Any], position: int, steps: int) -> None:
+        record = self._run.failures[-1]
+        if record["reason"] == "preempted" and info.get("restored") == record["checkpoint"]:
+            # It checkpointed where it stopped and that is what came back: nothing redone.
+            record["partial"] = max(0, position - (record["reached"] - record["partial"]))
+            record["reached"] = position
+            record["since_checkpoint_s"] = 0.0
+        record["restored_checkpoint"] = info.get("restored")
+        record["skipped_checkpoints"] = info.get("skipped_checkpoints", [])
+        record["restored_epoch"], record["restored_step"] = divmod(position, steps)
+        # Epochs after the restored one are trained again: their history entries go.
+        keep = max(0, record["restored_epoch"] - self._run.start_epoch)
+        for key in self._run.history:
+            del self._run.history[key][keep:]
+        record["steps_redone"] = max(0, record["reached"] - position)
+        record["recovery_s"] = time.time() - record["detected_at"]
+        record["time_lost_s"] = record["since_checkpoint_s"] + record["recovery_s"]
+        for cb in self.callbacks:
+            cb.on_recovery(record)
+
+    def _result(self, finals: list, workers: tuple, extra: dict[str, Any]) -> FitResult:
+        run, job = self._run, self.job
+        global_step = extra.pop("global_step", run.global_step)
         chief = finals[0]
         model_path = self._write_model(chief.get("model_bytes"))
         throughputs = [f["throughput"] for f in finals]
         firsts = [f["first_step_at"] for f in finals if f["first_step_at"]]
         keep = ("fingerprint", "throughput", "model_save_error", "steps_per_second", "timing")
         worker_rows = [{**w, **{k: f[k] for k in keep if k in f}} for w, f in zip(workers, finals)]
+        failures = [dict(f) for f in run.failures]
         result = FitResult(
             layout=self.layout,
             explanation=self.explanation,
-            history=history,
+            history=run.history,
             throughput=sum(throughputs) if all(throughputs) else None,
             worker_throughput=throughputs,
-            time_to_first_step_s=(max(firsts) - started) if firsts else None,
-            wall_time_s=time.time() - started,
-            epochs_trained=job.epochs - start_epoch,
+            time_to_first_step_s=(max(firsts) - run.started) if firsts else None,
+            wall_time_s=time.time() - run.started,
+            epochs_trained=job.epochs - run.start_epoch,
             global_step=global_step,
             weights=chief["weights"],
             model_path=model_path,
-            checkpoint=checkpoint,
+            checkpoint=None if job.checkpoint_dir is None else run.checkpoint,
             workers=worker_rows,
+            failures=failures,
+            steps_trained=run.steps_trained + sum(f.get("partial", 0) for f in failures),
+            steps_redone=sum(f.get("steps_redone", 0) for f in failures),
+            time_lost_s=sum(f.get("time_lost_s", 0.0) for f in failures),
+            resumed_from=run.resumed_from,
             **extra,
         )
         for cb in self.callbacks:
@@ -335,7 +510,7 @@ class Coordinator:
 
     def _prepare(self, group: WorkerGroup, infos: list[dict[str, Any]]) -> int:
         """After every worker built its model: the epoch to start from."""
-        return _agreed_start(infos, self.job)
+        return _agreed_start(infos, self._job, recovering=bool(self._run.failures))
 
     def _before_epoch(self, group: WorkerGroup, epoch: int, steps: int) -> None:
         """Before the workers start ``epoch``."""
@@ -361,7 +536,53 @@ class Coordinator:
         return path
 
 
-def _agreed_start(infos: list[dict[str, Any]], job: Job) -> int:
+#: Errors that mean an actor or its process went away, not a bug in user code: recoverable.
+_LOST = frozenset(
+    {
+        "RayActorError",
+        "ActorDiedError",
+        "ActorUnavailableError",
+        "WorkerCrashedError",
+        "NodeDiedError",
+        "OwnerDiedError",
+        "LocalRayletDiedError",
+        # What a surviving TensorFlow peer reports when the other side vanished.
+        "UnavailableError",
+        "AbortedError",
+        "CancelledError",
+    }
+)
+
+
+def _recoverable(exc: Exception) -> bool:
+    if isinstance(exc, Preempted):
+        return True
+    return isinstance(exc, WorkerError) and exc.error_type in _LOST
+
+
+@dataclasses.dataclass
+class _RunState:
+    """What a run carries from one attempt to the next."""
+
+    started: float
+    history: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    durations: list[float] = dataclasses.field(default_factory=list)
+    seconds: dict[int, float] = dataclasses.field(default_factory=dict)
+    failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    checkpoint: str | None = None
+    checkpoint_at: tuple[int, float] = (0, 0.0)
+    position: int = 0
+    segment: tuple[int, int, int, int] | None = None
+    global_step: int = 0
+    steps_trained: int = 0
+    epochs_done: int = 0
+    start_epoch: int = 0
+    rate: float | None = None
+    announced: bool = False
+    resumed_from: str | None = None
+
+
+def _agreed_start(infos: list[dict[str, Any]], job: Job, recovering: bool = False) -> int:
     starts = sorted({i["start_epoch"] for i in infos})
     if len(starts) > 1:
         raise ConfigError(
@@ -369,7 +590,7 @@ def _agreed_start(infos: list[dict[str, Any]], job: Job) -> int:
             f"{job.checkpoint_dir!r}: checkpoint_dir must be storage every node can read "
             "(NFS, a mounted bucket), or the replicas would diverge."
         )
-    if starts[0] >= job.epochs:
+    if starts[0] >= job.epochs and not recovering:  # a recovery may only need `final`
         raise ConfigError(
             f"The checkpoint in {job.checkpoint_dir!r} is at epoch {starts[0]}, and epochs="
             f"{job.epochs}: nothing is left to train. Pass a larger epochs= to continue."

@@ -23,7 +23,7 @@ from raytf._internal.job import Job
 from raytf._internal.spec import MIRRORED, MULTI_WORKER, TOWERS, StrategySpec
 from raytf._internal.tf_config import tf_config_json
 from raytf.data import InputContext
-from raytf.errors import ConfigError
+from raytf.errors import ConfigError, Preempted
 
 AUTO_STEPS_PER_EXECUTION = 50
 
@@ -179,6 +179,7 @@ class Engine:
             self._loss = keras.metrics.Mean(name="loss")
         train, train_steps = self._dataset(self.job.data_fn, "data", self.ctx)
         self._symbolic_build(train.element_spec)
+        self._train_batched = train
         self._train_data = self._distribute(train.repeat().prefetch(tf.data.AUTOTUNE))
         self._iterator = iter(self._train_data)
         self._val_data, val_steps = None, None
@@ -188,12 +189,15 @@ class Engine:
             self._val_data = self._distribute(val.repeat().prefetch(tf.data.AUTOTUNE))
         self._train_n = self._make_loop(self._towers_step if self.towers else self._replica_step)
         self._eval_n = self._make_loop(self._towers_eval if self.towers else self._replica_eval)
-        start_epoch = self._setup_checkpoint()
+        start_epoch, start_step = self._setup_checkpoint()
         return {
             "train_steps": train_steps,
             "validation_steps": val_steps,
             "replicas_per_worker": self.replicas_per_worker,
             "start_epoch": start_epoch,
+            "start_step": start_step,
+            "restored": self.restored,
+            "skipped_checkpoints": self.skipped_checkpoints,
             "parameters": int(sum(int(tf.size(v)) for v in self.model.trainable_variables)),
         }
 
@@ -378,17 +382,55 @@ class Engine:
         spe = self.job.steps_per_execution
         return min(steps, AUTO_STEPS_PER_EXECUTION if spe == "auto" else int(spe))
 
-    def run_epoch(self, epoch: int, steps: int, validation_steps: int | None) -> dict[str, Any]:
-        """Train ``steps`` steps (then validate); returns logs and this worker's timing."""
-        for metric in [*self.model.metrics, self._loss]:
-            metric.reset_state()
-        self._train_steps(steps)
+    def seek(self, batches: int) -> None:
+        """Continue the data where a restored checkpoint left it: skip ``batches`` steps."""
+        per_step = 1 if self.towers or self.spec.kind == TOWERS else self.replicas_per_worker
+        skip = batches * per_step
+        passes = int(self._train_batched.cardinality())
+        if passes > 0:  # a finite dataset repeats: skip within one pass, not through them all
+            skip %= passes
+        data = self._train_batched.repeat().skip(skip)
+        self._train_data = self._distribute(data.prefetch(tf.data.AUTOTUNE))
+        self._iterator = iter(self._train_data)
+
+    def run_epoch(
+        self,
+        epoch: int,
+        steps: int,
+        validation_steps: int | None,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> dict[str, Any]:
+        """Train steps ``start..stop`` of the epoch (default: all ``steps``); at the epoch's
+        end validate and checkpoint. Returns logs (None mid-epoch) and this worker's timing."""
+        stop = steps if stop is None else stop
+        if start == 0:
+            for metric in [*self.model.metrics, self._loss]:
+                metric.reset_state()
+        self._train_steps(stop - start, epoch, start)
+        if stop < steps:
+            return {
+                "logs": None,
+                "throughput": self.throughput,
+                "checkpoint": None,
+                "global_step": int(self.optimizer.iterations.numpy()),
+            }
         return self._end_epoch(epoch, validation_steps)
 
-    def _train_steps(self, steps: int) -> None:
+    def _train_steps(self, steps: int, epoch: int = 0, start: int = 0) -> None:
         k = self.steps_per_execution(steps)
         done = 0
         while done < steps:
+            if self.preempted:  # SIGTERM: save where we are, then leave
+                # A lone worker can save; under all-reduce the peers are already in the next
+                # collective and a save needs them all, so the last checkpoint stands.
+                path = self.save(epoch, start + done) if self.spec.num_workers == 1 else None
+                saved = f"checkpoint {path} written" if path else "no checkpoint written"
+                raise Preempted(
+                    f"{self.spec.role}-{self.spec.worker_index} got SIGTERM at epoch "
+                    f"{epoch + 1}, step {start + done}; {saved} before exiting.",
+                    checkpoint=path,
+                )
             n = 1 if self.first_step_at is None else min(k, steps - done)
             t0 = time.perf_counter()
             self._train_n(self._iterator, tf.constant(n)).numpy()
@@ -406,6 +448,7 @@ class Engine:
             self._eval_n(iter(self._val_data), tf.constant(validation_steps)).numpy()
             logs.update(self._read_metrics("val_"))
         self._epoch.assign(epoch + 1)
+        self._step.assign(0)
         if self._summaries is not None:
             for key, value in logs.items():
                 self._summaries.add_scalar(key, value, global_step=epoch + 1)
@@ -430,31 +473,31 @@ class Engine:
         return self._steady_steps * self.ctx.worker_batch_size / self._steady_seconds
 
     # ------------------------------------------------------------- checkpoints
-    def _setup_checkpoint(self) -> int:
+    def _setup_checkpoint(self) -> tuple[int, int]:
+        """Checkpointing, and the restore of a resumed run: (epoch, step in epoch) to go on."""
         self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="raytf_epoch")
+        self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="raytf_step")
         self._manager = None
         self._summaries = None
+        self.preempted = False
+        self.restored: str | None = None
+        self.skipped_checkpoints: list[str] = []
         directory = self.job.checkpoint_dir
         if not directory:
-            return 0
+            return 0, 0
         if self.spec.is_chief:  # TensorBoard scalars, one point per epoch
             # tensorboardX (a Ray Tune dependency): tensorflow-cpu ships without TensorBoard.
             from tensorboardX import SummaryWriter
 
             self._summaries = SummaryWriter(os.path.join(directory, "summaries"))
-        ckpt = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, epoch=self._epoch)
-        start = 0
+        ckpt = tf.train.Checkpoint(
+            model=self.model, optimizer=self.optimizer, epoch=self._epoch, step=self._step
+        )
+        start = (0, 0)
         if self.job.resume:
-            latest = tf.train.latest_checkpoint(directory)
-            if latest is not None:
-                try:
-                    ckpt.restore(latest).assert_existing_objects_matched()
-                except AssertionError as exc:
-                    raise ConfigError(
-                        f"Checkpoint {latest} does not match this model ({exc}). Resume with "
-                        "the model that wrote it, or point checkpoint_dir= at a new directory."
-                    ) from None
-                start = int(self._epoch.numpy())
+            self.restored, self.skipped_checkpoints = restore_newest_valid(ckpt, directory)
+            if self.restored is not None:
+                start = (int(self._epoch.numpy()), int(self._step.numpy()))
         # Every worker must save (distributed variables are read collectively); only the
         # chief's copy is kept, the others write to a scratch directory they delete.
         if not self.spec.is_chief:
@@ -462,8 +505,17 @@ class Engine:
         self._manager = tf.train.CheckpointManager(ckpt, directory, max_to_keep=3)
         return start
 
+    def save(self, epoch: int, step: int) -> str | None:
+        """A checkpoint at ``step`` of ``epoch`` (mid-epoch, for failure recovery)."""
+        if self._manager is None:
+            return None
+        self._epoch.assign(epoch)
+        self._step.assign(step)
+        return self._save_checkpoint()
+
     def _save_checkpoint(self) -> str | None:
-        path = self._manager.save(checkpoint_number=int(self._epoch.numpy()))
+        # Numbered by global step: mid-epoch and epoch-end checkpoints sort in order.
+        path = self._manager.save(checkpoint_number=int(self.optimizer.iterations.numpy()))
         if not self.spec.is_chief:
             shutil.rmtree(self._manager.directory, ignore_errors=True)
             return None
@@ -494,6 +546,32 @@ class Engine:
                     out["model_bytes"] = None
                     out["model_save_error"] = f"{type(exc).__name__}: {exc}"
         return out
+
+
+def restore_newest_valid(ckpt: tf.train.Checkpoint, directory: str) -> tuple[str | None, list]:
+    """Restore the newest checkpoint in ``directory`` that reads back whole.
+
+    A checkpoint cut short by a crash (truncated or corrupt files: TensorFlow checks every
+    tensor's checksum) is skipped for the one before it. One that does not match the model is
+    a user error and raised. Returns (path restored or None, [skipped paths with the reason]).
+    """
+    state = tf.train.get_checkpoint_state(directory)
+    paths = list(state.all_model_checkpoint_paths) if state else []
+    skipped = []
+    for path in reversed(paths):
+        try:
+            ckpt.restore(path).assert_existing_objects_matched()
+            return path, skipped
+        except AssertionError as exc:
+            raise ConfigError(
+                f"Checkpoint {path} does not match this model ({exc}). Resume with the model "
+                "that wrote it, or point checkpoint_dir= at a new directory."
+            ) from None
+        # Unreadable: DataLoss/NotFound/OutOfRange, or IndexError ("Read less bytes than
+        # requested") from a file cut short.
+        except (tf.errors.OpError, IndexError) as exc:
+            skipped.append(f"{path}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+    return None, skipped
 
 
 def run_in_process(spec: StrategySpec, job: Job) -> tuple[Engine, list[dict[str, Any]]]:

@@ -33,6 +33,9 @@ FIT_KEYS = frozenset(
         "validation_steps",
         "checkpoint_dir",
         "checkpoint_every",
+        "max_failures",
+        "checkpoint_every_steps",
+        "checkpoint_every_s",
         "resume",
         "seed",
         "steps_per_execution",
@@ -40,6 +43,8 @@ FIT_KEYS = frozenset(
         "preemptible",
     }
 )
+#: FIT_KEYS that make the run's FailurePolicy.
+FAILURE_KEYS = ("max_failures", "checkpoint_every_steps", "checkpoint_every_s")
 #: Keys that shape a named layout: the fields of the registered layouts' config objects, so a
 #: new layout's options work in YAML, flags and sweeps without touching this file.
 LAYOUT_KEYS = layout_option_names()
@@ -280,6 +285,11 @@ def fit_kwargs(experiment: Experiment, cluster: ClusterInfo) -> dict[str, Any]:
     kwargs["validation_data"] = experiment.validation_data
     for key in ("replicas", "use_gpu", "stragglers", "preemptible"):
         kwargs.pop(key, None)
+    policy = {k: kwargs.pop(k) for k in FAILURE_KEYS if k in kwargs}
+    if policy:
+        from raytf.config import FailurePolicy
+
+        kwargs["failures"] = FailurePolicy(**policy)
     kwargs.update(placement_args(config, cluster))
     if "global_batch_size" not in kwargs:
         raise ConfigError(

@@ -52,6 +52,9 @@ class PSGroup(WorkerGroup):
 class ParameterServerCoordinator(Coordinator):
     group_class = PSGroup
 
+    def _segment(self, steps: int) -> int:
+        return steps  # the servers hold the state and end the epochs: no mid-epoch segments
+
     def _start_strategies(self, group: PSGroup, specs: list[Any]) -> list[Any]:  # type: ignore[override]
         # Inside the start-up's try: a server that fails to come up stops every actor.
         devices = super()._start_strategies(group, specs)
@@ -72,12 +75,12 @@ class ParameterServerCoordinator(Coordinator):
             "staleness": layout.staleness,
             "backup_workers": layout.backup_workers,
             "prefetch_weights": layout.prefetch_weights,
-            "checkpoint_dir": self.job.checkpoint_dir,
-            "resume": self.job.resume,
+            "checkpoint_dir": self._job.checkpoint_dir,
+            "resume": self._job.resume,
         }
         shards = [[v for v, o in zip(variables, owner) if o == s] for s in range(layout.ps)]
         built = group.call_servers(
-            "build", [(self.job, shard, config) for shard in shards], t.start_s, "start"
+            "build", [(self._job, shard, config) for shard in shards], t.start_s, "start"
         )
         self.placement_of = {v["name"]: group.server_names[o] for v, o in zip(variables, owner)}
         for row, b in zip(self.server_rows, built):
@@ -99,13 +102,13 @@ class ParameterServerCoordinator(Coordinator):
     def _after_epoch(  # type: ignore[override]
         self, group: PSGroup, epoch: int, results: list[dict[str, Any]]
     ) -> str | None:
-        job = self.job
+        job = self._job
         if not job.checkpoint_dir:
             return None
         if (epoch + 1) % job.checkpoint_every and epoch + 1 != job.epochs:
             return None
         paths = group.call_servers(
-            "save", [(epoch,)] * len(group.servers), self.timeouts.start_s, "epoch"
+            "save", [(epoch,)] * len(group.servers), self.timeouts.start_s, "checkpoint"
         )
         return paths[0]
 

@@ -169,7 +169,10 @@ def _tf_engine() -> type:
             self._eval_n = self._make_loop(self._towers_eval)  # plain calls on the chief
             return info
 
-        def _train_steps(self, steps: int) -> None:
+        def seek(self, batches: int) -> None:
+            """TensorFlow's workers hold the data: a resumed run starts their data afresh."""
+
+        def _train_steps(self, steps: int, epoch: int = 0, start: int = 0) -> None:
             """``steps`` batches for each worker, scheduled in closures of up to K steps."""
             import time
 
@@ -215,6 +218,9 @@ class TFGroup(WorkerGroup):
 
 class TFParameterServerCoordinator(Coordinator):
     group_class = TFGroup
+
+    def _segment(self, steps: int) -> int:
+        return steps  # the servers hold the state and end the epochs: no mid-epoch segments
 
     def _start_strategies(self, group: TFGroup, specs: list[Any]) -> list[Any]:  # type: ignore[override]
         """Servers first (the chief connects to them), then the chief; then only it is called."""

@@ -95,7 +95,14 @@ class PSWorker(TrainWorker):
 
     # ------------------------------------------------------------------ epochs
     @surface_errors
-    def run_epoch(self, epoch: int, steps: int, validation_steps: int | None) -> dict[str, Any]:
+    def run_epoch(
+        self,
+        epoch: int,
+        steps: int,
+        validation_steps: int | None,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> dict[str, Any]:
         """Train until the servers say the epoch's global steps are done (``steps`` each for
         synchronous training, ``steps`` x workers worker batches otherwise)."""
         eng = self._engine

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import socket
 import traceback
 from collections.abc import Callable
@@ -64,7 +65,17 @@ class TrainWorker:
         self.name = name
         self._socket: socket.socket | None = None
         self._engine: Any = None
+        self._training = False
+        # Preemption (spot instances get SIGTERM): mid-epoch, checkpoint at the next step
+        # boundary and report; idle, leave at once as the default handler would.
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         import tensorflow  # noqa: F401  (import only; no op may run yet)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self._training and self._engine is not None:
+            self._engine.preempted = True
+        else:
+            os._exit(128 + signum)
 
     def ready(self) -> dict[str, Any]:
         return actor_info(self.name)
@@ -101,8 +112,31 @@ class TrainWorker:
         return self._engine.build()
 
     @surface_errors
-    def run_epoch(self, epoch: int, steps: int, validation_steps: int | None) -> dict[str, Any]:
-        return self._engine.run_epoch(epoch, steps, validation_steps)
+    def run_epoch(
+        self,
+        epoch: int,
+        steps: int,
+        validation_steps: int | None,
+        start: int = 0,
+        stop: int | None = None,
+    ) -> dict[str, Any]:
+        self._training = True
+        try:
+            return self._engine.run_epoch(epoch, steps, validation_steps, start, stop)
+        finally:
+            self._training = False
+
+    @surface_errors
+    def save(self, epoch: int, step: int) -> str | None:
+        self._training = True  # a SIGTERM now waits for the write, not cuts it short
+        try:
+            return self._engine.save(epoch, step)
+        finally:
+            self._training = False
+
+    @surface_errors
+    def seek(self, batches: int) -> None:
+        self._engine.seek(batches)
 
     @surface_errors
     def final(self, with_model: bool) -> dict[str, Any]:

@@ -1,0 +1,141 @@
+"""Fault tolerance with real processes killed: SIGKILL a worker mid-epoch, SIGTERM one, and
+corrupt the newest checkpoint; every run must finish the steps it was asked for."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import workloads
+from conftest import alive_actors
+
+import raytf
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+BATCH, EPOCHS = 32, 3
+STEPS = workloads.EXAMPLES // BATCH  # 16 per epoch
+EVERY = 4  # steps between checkpoints
+# Kills land mid-epoch, several batches from any boundary: the data pipeline (where the
+# kill fires) runs a few batches ahead of training.
+
+LAYOUTS = {
+    "in-graph": (raytf.InGraph(devices=2, engine="towers"), 0),
+    "all-reduce": (raytf.AllReduce(workers=2), 1),
+}
+
+
+def fit(layout, data=workloads.data, **kwargs):
+    options = dict(global_batch_size=BATCH, epochs=EPOCHS, layout=layout, verbose=False)
+    return raytf.fit(workloads.mlp, data, **{**options, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def undisturbed(local_ray):
+    return {name: fit(layout) for name, (layout, _) in LAYOUTS.items()}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_sigkill_mid_epoch_recovers_and_finishes_every_step(local_ray, undisturbed, tmp_path, name):
+    layout, victim = LAYOUTS[name]
+    marker = str(tmp_path / "killed")
+    at_step = STEPS + 9  # epoch 2, between its checkpoints
+    policy = raytf.FailurePolicy(max_failures=2, checkpoint_every_steps=EVERY)
+    result = fit(layout, workloads.dying_data(marker, at_step, worker=victim), failures=policy)
+    assert os.path.exists(marker)  # the process really was killed
+    (failure,) = result.failures
+    assert failure["reason"] == "died" and failure["epoch"] == 1
+    assert failure["worker"] == ("worker" if victim == 0 and name == "in-graph" else "worker-1")
+    # Every requested step was trained, and no more than one checkpoint interval twice.
+    assert result.global_step == EPOCHS * STEPS
+    assert 0 < result.steps_redone <= EVERY
+    assert result.steps_trained == EPOCHS * STEPS + result.steps_redone
+    assert failure["recovery_s"] > 0 and result.time_lost_s >= failure["recovery_s"]
+    # Restored weights, optimizer state and data position: the same model as no failure.
+    for got, want in zip(result.weights, undisturbed[name].weights, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    assert len(result.history["loss"]) == EPOCHS
+    assert alive_actors() == []
+
+
+def test_more_failures_than_the_policy_allows_fail_the_run(local_ray, tmp_path):
+    layout, victim = LAYOUTS["all-reduce"]
+    data = workloads.dying_data(str(tmp_path / "killed"), 4, worker=victim)
+    with pytest.raises(raytf.WorkerError, match=r"worker-1 died"):
+        fit(layout, data, failures=raytf.FailurePolicy(max_failures=0))
+    assert alive_actors() == []
+
+
+def test_sigterm_checkpoints_before_the_worker_goes(local_ray, tmp_path):
+    layout, _ = LAYOUTS["in-graph"]
+    marker = str(tmp_path / "terminated")
+    ckpt = tmp_path / "ckpt"
+    at_step = STEPS + 8
+    result = fit(
+        layout,
+        workloads.dying_data(marker, at_step, worker=0, sig=int(signal.SIGTERM)),
+        failures=raytf.FailurePolicy(max_failures=1),
+        checkpoint_dir=str(ckpt),
+        steps_per_execution=1,
+    )
+    (failure,) = result.failures
+    assert failure["reason"] == "preempted" and "SIGTERM" in failure["error"]
+    # The worker wrote a checkpoint where it stopped, and training went on from exactly it.
+    restored = failure["restored_checkpoint"]
+    assert restored and os.path.exists(restored + ".index")
+    assert failure["restored_epoch"] == 1 and 0 < failure["restored_step"] < STEPS
+    assert result.steps_redone == 0 and result.global_step == EPOCHS * STEPS
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(local_ray, tmp_path):
+    layout, _ = LAYOUTS["in-graph"]
+    ckpt = tmp_path / "ckpt"
+    fit(layout, epochs=2, checkpoint_dir=str(ckpt))
+    newest = ckpt / f"ckpt-{2 * STEPS}.data-00000-of-00001"
+    assert newest.exists()
+    with open(newest, "r+b") as f:  # a crash mid-write: the file cut short
+        f.truncate(newest.stat().st_size // 2)
+    resumed = fit(layout, epochs=3, checkpoint_dir=str(ckpt), resume=True)
+    assert resumed.resumed_from == str(ckpt / f"ckpt-{STEPS}")
+    assert resumed.epochs_trained == 2 and resumed.global_step == 3 * STEPS
+
+
+class _KillServer(raytf.Callback):
+    """SIGKILL parameter server 0 by its pid once the first epoch is done."""
+
+    def on_fit_start(self, run):
+        self.pid = run.servers[0]["pid"]
+        self.done = False
+
+    def on_epoch_end(self, epoch, logs):
+        if not self.done:
+            self.done = True
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def test_parameter_server_run_survives_a_killed_server_and_a_killed_worker(local_ray, tmp_path):
+    layout = raytf.ParameterServer(workers=2, ps=2)  # synchronous: deterministic
+    policy = raytf.FailurePolicy(max_failures=2)
+    whole = fit(layout)
+    marker = str(tmp_path / "worker-killed")
+    result = fit(
+        layout,
+        # Counted by the worker process from its start: the group restarted after the
+        # server's death, at epoch 2, so this is step 8 of epoch 3.
+        workloads.dying_data(marker, STEPS + 8, worker=1),
+        failures=policy,
+        callbacks=[_KillServer()],
+    )
+    assert os.path.exists(marker)
+    assert [f["reason"] for f in result.failures] == ["died", "died"]
+    assert "ps-0" in result.failures[0]["error"] and result.failures[1]["worker"] == "worker-1"
+    # Each recovery restored the servers' last epoch checkpoint, not the start.
+    assert [f["restored_epoch"] for f in result.failures] == [1, 2]
+    assert result.steps_redone <= STEPS  # servers checkpoint per epoch: one epoch at most
+    assert result.global_step == EPOCHS * STEPS
+    # The servers restored their variables and Adam state: the same model as no failure.
+    for got, want in zip(result.weights, whole.weights, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    assert alive_actors() == []
