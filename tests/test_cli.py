@@ -155,7 +155,15 @@ def test_plan_picks_parameter_servers_when_they_pay():
 @pytest.mark.slow
 @pytest.mark.ray
 def test_run_parameter_server_experiment(tmp_path):
-    out = raytf("run", "experiments/digits_ps.yaml", "--epochs", "12")
-    assert "parameter-server (sync, 1 backup, engine ray)" in out.stdout, out.stderr[-2000:]
+    exp = tmp_path / "ps.yaml"
+    exp.write_text(
+        f"experiment: {ROOT}/experiments/digits.py\n"
+        "config: {layout: parameter-server, workers: 2, ps: 1, staleness: async, epochs: 12,\n"
+        "         cpus_per_worker: 0.5, cpus_per_ps: 0.5}\n"
+        "targets: {test_accuracy: 0.85}\n"
+    )
+    out = raytf("run", str(exp))
+    expected = "parameter-server (async, engine ray): 2 CPU worker(s) + 1 server(s)"
+    assert expected in out.stdout, out.stderr[-2000:]
     assert "epoch 12/12" in out.stdout
     assert out.returncode == 0 and "targets met: test_accuracy" in out.stdout, out.stderr[-2000:]

@@ -50,7 +50,8 @@ def test_sigkill_mid_epoch_recovers_and_finishes_every_step(local_ray, undisturb
     assert failure["worker"] == ("worker" if victim == 0 and name == "in-graph" else "worker-1")
     # Every requested step was trained, and no more than one checkpoint interval twice.
     assert result.global_step == EPOCHS * STEPS
-    assert 0 < result.steps_redone <= EVERY
+    # (0 when the kill landed between segments: the data pipeline runs ahead of training.)
+    assert 0 <= result.steps_redone <= EVERY
     assert result.steps_trained == EPOCHS * STEPS + result.steps_redone
     assert failure["recovery_s"] > 0 and result.time_lost_s >= failure["recovery_s"]
     # Restored weights, optimizer state and data position: the same model as no failure.

@@ -293,6 +293,7 @@ class Coordinator:
             group, ready, devices = self._start(placement)
             infos = group.call("build", [(job,)] * len(group.actors), t.start_s, "start")
             steps = job.steps_per_epoch or min(i["train_steps"] for i in infos)
+            run.steps = steps
             val_steps = None
             if job.validation_fn is not None:
                 val_steps = job.validation_steps or min(i["validation_steps"] for i in infos)
@@ -426,8 +427,8 @@ class Coordinator:
             epoch, step, stop, steps = run.segment
             reached, partial = epoch * steps + stop, stop - step
         else:  # between segments (a checkpoint, validation, start-up): no training lost
-            epoch, step, stop = 0, 0, 0
-            reached, partial = run.position, 0
+            epoch, step = divmod(run.position, run.steps or 1)
+            stop, reached, partial = step, run.position, 0
         preempted = isinstance(exc, Preempted)
         record = {
             "failure": len(run.failures) + 1,
@@ -572,6 +573,7 @@ class _RunState:
     checkpoint: str | None = None
     checkpoint_at: tuple[int, float] = (0, 0.0)
     position: int = 0
+    steps: int = 0  # per epoch
     segment: tuple[int, int, int, int] | None = None
     global_step: int = 0
     steps_trained: int = 0
