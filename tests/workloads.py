@@ -143,13 +143,24 @@ def mlp_lr(lr: float = 0.01):
     return mlp(lr)
 
 
+def _on_each_example(ds, hook):
+    """``ds`` with ``hook(index)`` run in Python as each example is produced."""
+    import tensorflow as tf
+
+    def watched(i, example):
+        x, y = example
+        token = tf.py_function(hook, [i], tf.int64)
+        with tf.control_dependencies([token]):
+            return tf.identity(x), y
+
+    return ds.enumerate().map(watched)
+
+
 def straggler_data(delay_s: float, slow_worker: int = 1):
     """``data``, with worker ``slow_worker`` paused ``delay_s`` per batch: a slow machine."""
 
     def fn(ctx):
         import time
-
-        import tensorflow as tf
 
         ds = data(ctx)
         if ctx.worker_index != slow_worker:
@@ -161,13 +172,7 @@ def straggler_data(delay_s: float, slow_worker: int = 1):
                 time.sleep(delay_s)
             return i
 
-        def slowed(i, example):
-            x, y = example
-            token = tf.py_function(pause, [i], tf.int64)
-            with tf.control_dependencies([token]):
-                return tf.identity(x), y
-
-        return ds.enumerate().map(slowed)
+        return _on_each_example(ds, pause)
 
     return fn
 
@@ -186,8 +191,6 @@ def dying_data(marker: str, at_step: int, worker: int = 1, sig: int = 9):
     def fn(ctx):
         import os
 
-        import tensorflow as tf
-
         ds = data(ctx)
         if ctx.worker_index != worker:
             return ds
@@ -202,12 +205,6 @@ def dying_data(marker: str, at_step: int, worker: int = 1, sig: int = 9):
                 os.kill(os.getpid(), sig)
             return i
 
-        def watched(i, example):
-            x, y = example
-            token = tf.py_function(maybe_die, [i], tf.int64)
-            with tf.control_dependencies([token]):
-                return tf.identity(x), y
-
-        return ds.enumerate().map(watched)
+        return _on_each_example(ds, maybe_die)
 
     return fn

@@ -27,13 +27,12 @@ import functools
 import json
 import os
 import time
-import traceback
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from raytf._internal.worker import actor_info
-from raytf.errors import ConfigError, RaytfError, WorkerError
+from raytf._internal.worker import actor_info, as_worker_error
+from raytf.errors import ConfigError, RaytfError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,12 +47,7 @@ def surface_async_errors(method: F) -> F:
         except RaytfError:
             raise
         except Exception as exc:
-            raise WorkerError(
-                f"{self.name} failed in {method.__name__}: {type(exc).__name__}: {exc}",
-                worker=self.name,
-                error_type=type(exc).__name__,
-                remote_traceback=traceback.format_exc(),
-            ) from None
+            raise as_worker_error(self.name, method.__name__, exc) from None
 
     return wrapper  # type: ignore[return-value]
 

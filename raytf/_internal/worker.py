@@ -22,6 +22,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 BIND_FAILURE = "Could not start gRPC server"
 
 
+def as_worker_error(name: str, method: str, exc: Exception) -> WorkerError:
+    """A user error raised in an actor, with its type and traceback, for the driver."""
+    return WorkerError(
+        f"{name} failed in {method}: {type(exc).__name__}: {exc}",
+        worker=name,
+        error_type=type(exc).__name__,
+        remote_traceback=traceback.format_exc(),
+    )
+
+
 def surface_errors(method: F) -> F:
     """Turn any exception from user code into a WorkerError that carries its traceback."""
 
@@ -32,12 +42,7 @@ def surface_errors(method: F) -> F:
         except RaytfError:
             raise
         except Exception as exc:
-            raise WorkerError(
-                f"{self.name} failed in {method.__name__}: {type(exc).__name__}: {exc}",
-                worker=self.name,
-                error_type=type(exc).__name__,
-                remote_traceback=traceback.format_exc(),
-            ) from None
+            raise as_worker_error(self.name, method.__name__, exc) from None
 
     return wrapper  # type: ignore[return-value]
 
