@@ -57,7 +57,7 @@ def make_data(ctx: Any, marker: str, at_step: int, victim: int) -> Any:
     at = at_step * ctx.worker_batch_size
     seen = [0]  # examples this process produced, across passes over the data
 
-    def maybe_die(i: Any) -> Any:
+    def maybe_die(i):  # no annotations: AutoGraph reads this function's source
         seen[0] += 1
         if seen[0] - 1 == at and not os.path.exists(marker):
             with open(marker, "w") as f:
@@ -65,7 +65,7 @@ def make_data(ctx: Any, marker: str, at_step: int, victim: int) -> Any:
             os.kill(os.getpid(), signal.SIGKILL)
         return i
 
-    def watched(i: Any, example: Any) -> Any:
+    def watched(i, example):
         token = tf.py_function(maybe_die, [i], tf.int64)
         with tf.control_dependencies([token]):
             return tf.identity(example[0]), example[1]
@@ -131,7 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     import ray
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level=logging.ERROR)
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        logging_level=logging.ERROR,
+        log_to_driver=args.verbose,  # the raylet reports every kill; the table says enough
+    )
     rng = random.Random(args.seed)
     steps = args.epochs * (EXAMPLES // BATCH)
     print(f"command: python {' '.join(sys.argv)}")

@@ -103,9 +103,10 @@ class ProgressLogger(Callback):
 
     def on_failure(self, record: dict[str, Any]) -> None:
         first, stop = record["segment"]
+        where = f"steps {first}-{stop}" if stop > first else f"between steps, at step {first}"
         self._print(
             f"raytf: failure {record['failure']}: {record['worker'] or 'an actor'} "
-            f"{record['reason']} in epoch {record['epoch'] + 1}, steps {first}-{stop} "
+            f"{record['reason']} in epoch {record['epoch'] + 1}, {where} "
             f"({record['error'][:160]})"
         )
 

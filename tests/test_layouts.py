@@ -21,7 +21,6 @@ LAYOUTS = {
     "all-reduce": raytf.AllReduce(workers=2),
     # Synchronous parameter servers average both workers' gradients: the same big batch.
     "ps-sync": raytf.ParameterServer(workers=2, ps=1),
-    "ps-sync-2-servers": raytf.ParameterServer(workers=2, ps=2),
 }
 
 

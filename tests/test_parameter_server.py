@@ -79,6 +79,11 @@ def test_server_checkpoint_resume_matches_the_uninterrupted_run(local_ray, tmp_p
     ckpt = str(tmp_path / "ckpt")
     layout = raytf.ParameterServer(workers=2, ps=2)
     whole = fit(layout, epochs=3)
+    # Synchronous over two servers is one big batch: Keras's own fit in one process.
+    task = local_ray.remote(max_calls=1)(workloads.keras_reference)
+    _, reference = local_ray.get(task.remote(3, BATCH))
+    for got, want in zip(whole.weights, reference, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
     first = fit(layout, epochs=2, checkpoint_dir=ckpt)
     assert sorted(os.listdir(ckpt)) == ["model.keras", "ps-0", "ps-1"]
     assert first.checkpoint and first.checkpoint.endswith("ckpt-2")
