@@ -206,6 +206,9 @@ class Coordinator:
     """
 
     group_class: type[WorkerGroup] = WorkerGroup
+    #: Split epochs into segments with a checkpoint after each (FailurePolicy intervals).
+    #: Off where servers hold the state and end the epochs themselves.
+    mid_epoch_checkpoints: bool = True
 
     def __init__(
         self,
@@ -228,6 +231,7 @@ class Coordinator:
         self.model_dir = model_dir
         self.started = started  # wall clock of the user's call, for time to first step
         self.failure_policy = failures or FailurePolicy()
+        self.server_rows: list[dict[str, Any]] = []  # layouts with server actors fill it
 
     def _start(self, placement: PlacementGroup | None) -> tuple[WorkerGroup, list, list]:
         t = self.timeouts
@@ -327,7 +331,7 @@ class Coordinator:
                     workers,
                     infos[0].get("restored"),
                     tuple(infos[0].get("skipped_checkpoints", ())),
-                    tuple(getattr(self, "server_rows", ())),
+                    tuple(self.server_rows),
                 )
                 run.resumed_from = infos[0].get("restored") if self.job.resume else None
                 for cb in self.callbacks:
@@ -396,7 +400,6 @@ class Coordinator:
         for key, value in logs.items():
             run.history.setdefault(key, []).append(value)
         run.global_step = results[0]["global_step"]
-        run.epochs_done += 1
         # Checkpoint first: a callback that fails or kills must not cost the epoch.
         saved = self._after_epoch(group, epoch, results)
         if saved:
@@ -412,6 +415,8 @@ class Coordinator:
         """Steps between mid-epoch checkpoints: the policy's count, or its seconds at the
         measured step rate; a whole epoch when the policy asks for neither."""
         policy = self.failure_policy
+        if not self.mid_epoch_checkpoints:
+            return steps
         if policy.checkpoint_every_steps:
             return min(steps, policy.checkpoint_every_steps)
         if policy.checkpoint_every_s:
@@ -577,7 +582,6 @@ class _RunState:
     segment: tuple[int, int, int, int] | None = None
     global_step: int = 0
     steps_trained: int = 0
-    epochs_done: int = 0
     start_epoch: int = 0
     rate: float | None = None
     announced: bool = False

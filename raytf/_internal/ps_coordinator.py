@@ -51,9 +51,7 @@ class PSGroup(WorkerGroup):
 
 class ParameterServerCoordinator(Coordinator):
     group_class = PSGroup
-
-    def _segment(self, steps: int) -> int:
-        return steps  # the servers hold the state and end the epochs: no mid-epoch segments
+    mid_epoch_checkpoints = False  # the servers hold the state and end the epochs
 
     def _start_strategies(self, group: PSGroup, specs: list[Any]) -> list[Any]:  # type: ignore[override]
         # Inside the start-up's try: a server that fails to come up stops every actor.

@@ -136,7 +136,7 @@ class ParameterShard:
         self.init_protocol(config["workers"], config["staleness"], config.get("backup_workers", 0))
         start = self._setup_checkpoint(config.get("checkpoint_dir"), config.get("resume", False))
         self._snapshot_at = None
-        nbytes = sum(int(v.numpy().nbytes) for v in self.trainable + self.extras)
+        nbytes = sum(int(v["value"].nbytes) for v in variables)
         return {"start_epoch": start, "bytes": nbytes, "variables": len(self.names)}
 
     def _setup_checkpoint(self, directory: str | None, resume: bool) -> int:

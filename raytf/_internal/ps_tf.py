@@ -218,9 +218,7 @@ class TFGroup(WorkerGroup):
 
 class TFParameterServerCoordinator(Coordinator):
     group_class = TFGroup
-
-    def _segment(self, steps: int) -> int:
-        return steps  # the servers hold the state and end the epochs: no mid-epoch segments
+    mid_epoch_checkpoints = False  # the servers hold the state and end the epochs
 
     def _start_strategies(self, group: TFGroup, specs: list[Any]) -> list[Any]:  # type: ignore[override]
         """Servers first (the chief connects to them), then the chief; then only it is called."""
