@@ -47,7 +47,8 @@ class Callback:
         """An actor died or was preempted and the failure policy allows a recovery."""
 
     def on_recovery(self, record: dict[str, Any]) -> None:
-        """A new group restored a checkpoint and is about to train again."""
+        """Training goes on: a new group restored a checkpoint, or (parameter servers) a
+        replacement worker joined the running servers (``record["action"]``)."""
 
     def on_fit_end(self, result: FitResult) -> None:
         pass
@@ -111,6 +112,15 @@ class ProgressLogger(Callback):
         )
 
     def on_recovery(self, record: dict[str, Any]) -> None:
+        if record.get("action") == "replaced in place":
+            self._print(
+                f"raytf: recovered: {record['worker']} replaced in place (pid "
+                f"{record['replacement']['pid']}), going on from its batch "
+                f"{record['resumed_batch']} against the running servers; training again "
+                f"{record['recovery_s']:.1f}s after the failure, 0 steps redone"
+            )
+            self._last = time.perf_counter()
+            return
         restored = record["restored_checkpoint"] or "no checkpoint (from the start)"
         skipped = record["skipped_checkpoints"]
         self._print(

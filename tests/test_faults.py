@@ -104,11 +104,19 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(local_ray, tmp
 
 
 class _KillServer(raytf.Callback):
-    """SIGKILL parameter server 0 by its pid once the first epoch is done."""
+    """SIGKILL parameter server 0 by its pid once the first epoch is done; check that an
+    in-place worker replacement left the other worker's process running."""
 
     def on_fit_start(self, run):
         self.pid = run.servers[0]["pid"]
+        self.worker0 = run.workers[0]["pid"]
         self.done = False
+        self.survivor_alive = None
+
+    def on_recovery(self, record):
+        if record["action"] == "replaced in place":
+            os.kill(self.worker0, 0)  # raises if worker-0 was restarted too
+            self.survivor_alive = True
 
     def on_epoch_end(self, epoch, logs):
         if not self.done:
@@ -116,27 +124,51 @@ class _KillServer(raytf.Callback):
             os.kill(self.pid, signal.SIGKILL)
 
 
-def test_parameter_server_run_survives_a_killed_server_and_a_killed_worker(local_ray, tmp_path):
+def test_parameter_server_run_replaces_a_killed_worker_and_restarts_a_killed_server(
+    local_ray, tmp_path
+):
     layout = raytf.ParameterServer(workers=2, ps=2)  # synchronous: deterministic
     policy = raytf.FailurePolicy(max_failures=2)
     whole = fit(layout)
     marker = str(tmp_path / "worker-killed")
+    kill = _KillServer()
     result = fit(
         layout,
-        # Counted by the worker process from its start: the group restarted after the
-        # server's death, at epoch 2, so this is step 8 of epoch 3.
-        workloads.dying_data(marker, STEPS + 8, worker=1),
+        workloads.dying_data(marker, 8, worker=1),  # epoch 1, step 8
         failures=policy,
-        callbacks=[_KillServer()],
+        callbacks=[kill],
     )
     assert os.path.exists(marker)
-    assert [f["reason"] for f in result.failures] == ["died", "died"]
-    assert "ps-0" in result.failures[0]["error"] and result.failures[1]["worker"] == "worker-1"
-    # Each recovery restored the servers' last epoch checkpoint, not the start.
-    assert [f["restored_epoch"] for f in result.failures] == [1, 2]
-    assert result.steps_redone <= STEPS  # servers checkpoint per epoch: one epoch at most
+    replaced, restarted = result.failures
+    # The worker was replaced while the servers and worker-0 ran on: nothing redone.
+    assert replaced["worker"] == "worker-1" and replaced["action"] == "replaced in place"
+    assert replaced["epoch"] == 0 and replaced["steps_redone"] == 0 and kill.survivor_alive
+    # The server's death restarted the group from the servers' epoch-1 checkpoint.
+    assert "ps-0" in restarted["error"] and restarted["action"] == "restarted the group"
+    assert restarted["restored_epoch"] == 1 and restarted["steps_redone"] == 0
     assert result.global_step == EPOCHS * STEPS
-    # The servers restored their variables and Adam state: the same model as no failure.
+    # The replacement computed the dead worker's batch again on the same weights, and the
+    # servers restored variables and Adam state: the same model as no failure.
     for got, want in zip(result.weights, whole.weights, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4)
+    assert alive_actors() == []
+
+
+def test_asynchronous_parameter_servers_train_on_while_a_worker_is_replaced(local_ray, tmp_path):
+    layout = raytf.ParameterServer(workers=2, ps=1, staleness=None)
+    marker = str(tmp_path / "worker-killed")
+    result = fit(
+        layout,
+        workloads.dying_data(marker, 4, worker=1),
+        failures=raytf.FailurePolicy(max_failures=1),
+    )
+    assert os.path.exists(marker)
+    (failure,) = result.failures
+    assert failure["action"] == "replaced in place" and failure["steps_redone"] == 0
+    # Every worker batch of every epoch was applied or dropped once: none twice.
+    (server,) = result.servers
+    assert result.global_step == EPOCHS * STEPS * 2 == server["applied"]
+    # Worker-0 did the dead worker's share while the replacement started: more than half.
+    steps = [w["timing"]["steps"] for w in result.workers]
+    assert steps[0] > EPOCHS * STEPS > steps[1], steps
     assert alive_actors() == []

@@ -152,3 +152,43 @@ def test_asynchronous_updates_record_how_stale_each_gradient_was():
         assert s.staleness_hist == {0: 2, 2: 1} and s.version == 3
 
     run(scenario())
+
+
+def test_a_dead_workers_gradient_in_an_open_step_is_dropped_and_its_batch_redone():
+    async def scenario():
+        s = shard(3)
+        await s.start_epoch(steps=2)
+        w0 = asyncio.create_task(s.push(0, 0, g(1.0), True))
+        dead = asyncio.create_task(s.push(1, 0, g(100.0), True))  # then its process dies
+        await settle()
+        assert s.version == 0 and s.clock[1] == 1  # waiting for worker 2
+        assert await s.forget(1) == 0  # dropped: the replacement computes batch 0 again
+        generation = await s.rejoin(1, 0)
+        # A push of the old incarnation still in flight is refused, never applied.
+        _, values, _ = await s.push(1, 0, g(100.0), True, generation - 1)
+        assert values is None and s.applied == [] and s.clock[1] == 0
+        replacement = asyncio.create_task(s.push(1, 0, g(3.0), True, generation))
+        await s.push(2, 0, g(5.0), True)
+        assert [(await t)[0] for t in (w0, replacement)] == [1, 1]
+        np.testing.assert_array_equal(s.applied, [g(3.0)])  # (1 + 3 + 5) / 3: no 100
+        assert s.clock == {0: 1, 1: 1, 2: 1}
+        dead.cancel()
+
+    run(scenario())
+
+
+def test_a_replacement_rejoining_at_its_clock_releases_workers_held_at_the_bound():
+    async def scenario():
+        s = shard(2, staleness=1)
+        await s.start_epoch(steps=10)
+        for step in range(2):
+            await s.push(0, step, g(1.0), False)
+        held = asyncio.create_task(s.pull(0, 2))  # worker 1 has pushed 0 steps: hold
+        await settle()
+        assert not held.done()
+        await s.forget(1)
+        await s.rejoin(1, 1)  # one of its pushes reached another server: count it here too
+        version, _, _ = await held
+        assert version == 2 and s.clock == {0: 2, 1: 1}
+
+    run(scenario())

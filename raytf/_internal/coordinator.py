@@ -108,6 +108,14 @@ class WorkerGroup:
             self.actors.append(self._spawn(self.worker_cls, i, bundle, name))
             self.names.append(name)
 
+    def replace(self, index: int) -> Any:
+        """A new actor for worker ``index`` on its bundle (the old one is dead or killed)."""
+        with contextlib.suppress(Exception):
+            ray.kill(self.actors[index], no_restart=True)
+        bundle = self.layout.bundles()[index]
+        self.actors[index] = self._spawn(self.worker_cls, index, bundle, self.names[index])
+        return self.actors[index]
+
     def call(
         self, method: str, args: Sequence[tuple] | None, timeout_s: float, phase: str
     ) -> list[Any]:
@@ -363,11 +371,8 @@ class Coordinator:
             stop = min(steps, step + self._segment(steps))
             run.segment = (epoch, step, stop, steps)
             t0 = time.perf_counter()
-            results = group.call(
-                "run_epoch",
-                [(epoch, steps, val_steps, step, stop)] * len(group.actors),
-                t.epoch_limit(run.durations),
-                "epoch",
+            results = self._train(
+                group, (epoch, steps, val_steps, step, stop), t.epoch_limit(run.durations)
             )
             seconds = time.perf_counter() - t0
             run.segment = None  # done: a failure from here on is not this segment's
@@ -461,6 +466,7 @@ class Coordinator:
             record["partial"] = max(0, position - (record["reached"] - record["partial"]))
             record["reached"] = position
             record["since_checkpoint_s"] = 0.0
+        record["action"] = "restarted the group"
         record["restored_checkpoint"] = info.get("restored")
         record["skipped_checkpoints"] = info.get("skipped_checkpoints", [])
         record["restored_epoch"], record["restored_step"] = divmod(position, steps)
@@ -513,6 +519,10 @@ class Coordinator:
     def _start_strategies(self, group: WorkerGroup, specs: list[Any]) -> list[Any]:
         """Hand each actor its spec; multi-worker strategies wait here for their peers."""
         return group.call("start_strategy", [(s,) for s in specs], self.timeouts.peers_s, "peers")
+
+    def _train(self, group: WorkerGroup, args: tuple, timeout_s: float) -> list[dict[str, Any]]:
+        """One segment of training on every worker; any failure ends the attempt."""
+        return group.call("run_epoch", [args] * len(group.actors), timeout_s, "epoch")
 
     def _prepare(self, group: WorkerGroup, infos: list[dict[str, Any]]) -> int:
         """After every worker built its model: the epoch to start from."""

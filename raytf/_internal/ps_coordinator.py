@@ -4,18 +4,26 @@ The run is the core coordinator's (placement, fail-fast waits, epochs, teardown)
 after the workers build the model, worker 0's variables are sharded over the servers by size
 and the servers take them with the model's optimizer; each epoch opens on the servers first;
 checkpoints are the servers' state; the result gains server load and staleness figures.
+
+A worker that dies mid-epoch is replaced in place: the servers keep their state, the other
+workers keep training (or wait at the synchronous barrier or the staleness bound), and the
+replacement goes on from the dead worker's last batch the servers counted. Nothing is redone.
+A server that dies takes the group down and the run restarts from the servers' checkpoint.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
-from raytf._internal.coordinator import Coordinator, WorkerGroup
+import ray
+
+from raytf._internal.coordinator import Coordinator, WorkerGroup, _unwrap
 from raytf._internal.ps_server import ParameterShard
 from raytf._internal.ps_worker import PSWorker
 from raytf._internal.sharding import shard_by_size
-from raytf.errors import ConfigError
+from raytf.errors import ConfigError, RaytfError, StartupTimeoutError
 
 
 class PSGroup(WorkerGroup):
@@ -55,6 +63,7 @@ class ParameterServerCoordinator(Coordinator):
 
     def _start_strategies(self, group: PSGroup, specs: list[Any]) -> list[Any]:  # type: ignore[override]
         # Inside the start-up's try: a server that fails to come up stops every actor.
+        self._specs = specs  # a replacement worker gets the same spec
         devices = super()._start_strategies(group, specs)
         self.server_rows = group.call_servers("ready", None, self.timeouts.start_s, "start")
         return devices
@@ -83,12 +92,8 @@ class ParameterServerCoordinator(Coordinator):
         self.placement_of = {v["name"]: group.server_names[o] for v, o in zip(variables, owner)}
         for row, b in zip(self.server_rows, built):
             row.update(variables=b["variables"], bytes=b["bytes"])
-        group.call(
-            "connect",
-            [(group.servers, group.server_names, owner, config)] * len(group.actors),
-            t.start_s,
-            "start",
-        )
+        self._connect = (group.servers, group.server_names, owner, config)
+        group.call("connect", [self._connect] * len(group.actors), t.start_s, "start")
         # Servers hold the state: their checkpoints decide where training resumes.
         return super()._prepare(group, built)
 
@@ -96,6 +101,67 @@ class ParameterServerCoordinator(Coordinator):
         group.call_servers(
             "start_epoch", [(steps,)] * len(group.servers), self.timeouts.start_s, "start"
         )
+
+    def _train(self, group: PSGroup, args: tuple, timeout_s: float) -> list[dict[str, Any]]:  # type: ignore[override]
+        """Run the segment on every worker; replace a worker that dies, in place, while the
+        policy allows. Any other error (a server's death, a bug) ends the attempt."""
+        refs = {a.run_epoch.remote(*args): i for i, a in enumerate(group.actors)}
+        results: list[Any] = [None] * len(refs)
+        deadline = time.monotonic() + timeout_s
+        while refs:
+            ready, _ = ray.wait(
+                list(refs), num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+            )
+            if not ready:
+                missing = sorted(group.names[i] for i in refs.values())
+                raise StartupTimeoutError(group._timeout_message("epoch", timeout_s, missing))
+            i = refs.pop(ready[0])
+            try:
+                results[i] = ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:  # this worker's own process is gone
+                error = _unwrap(exc, group.names[i])
+                if len(self._run.failures) >= self.failure_policy.max_failures:
+                    raise error from None
+                refs[self._replace_worker(group, i, error, args)] = i
+            except Exception as exc:
+                raise _unwrap(exc, group.names[i]) from None
+        return results
+
+    def _replace_worker(self, group: PSGroup, i: int, error: RaytfError, args: tuple) -> Any:
+        """Start a new worker ``i`` against the running servers; returns its segment's ref."""
+        t = self.timeouts
+        self._failed(error)
+        record = self._run.failures[-1]
+        # Refuse the dead process's pushes still in flight and drop its gradient from an
+        # open synchronous step first: from here nothing it sent can be applied.
+        consumed = group.call_servers("forget", [(i,)] * len(group.servers), t.start_s, "start")
+        actor = group.replace(i)
+
+        def call(method: str, *a: Any) -> Any:
+            return group.call_on([actor], [group.names[i]], method, [a], t.start_s, "start")[0]
+
+        row = call("ready")
+        call("start_strategy", self._specs[i])
+        call("build", self._job)
+        call("connect", *self._connect)
+        clock = max(consumed)  # a batch any server counted is not computed again
+        generation = group.call_servers(
+            "rejoin", [(i, clock)] * len(group.servers), t.start_s, "start"
+        )[0]
+        call("rejoin", clock, generation)
+        record.update(
+            action="replaced in place",
+            replacement={k: row[k] for k in ("pid", "node_ip", "node_id")},
+            partial=0,  # the segment goes on and counts its steps when it ends
+            steps_redone=0,
+            resumed_batch=clock,
+        )
+        record["recovery_s"] = time.time() - record["detected_at"]
+        # The others kept training meanwhile (or waited, in synchronous mode): at most this.
+        record["time_lost_s"] = record["recovery_s"]
+        for cb in self.callbacks:
+            cb.on_recovery(record)
+        return actor.run_epoch.remote(*args)
 
     def _after_epoch(  # type: ignore[override]
         self, group: PSGroup, epoch: int, results: list[dict[str, Any]]

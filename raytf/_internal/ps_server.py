@@ -18,6 +18,11 @@ straggler's own share. Consistency rules, per shard:
   slowest.
 - asynchronous: each gradient is applied on arrival; nothing waits.
 Every wait also ends when the epoch does, so nobody waits for a worker that has stopped.
+
+A worker that dies is replaced in place (``forget``, then ``rejoin``): its gradient waiting in
+an open synchronous step is dropped, and pushes from its old incarnation that are still in
+flight are refused by generation, so nothing it sent is applied twice. The others keep
+training, or wait at the barrier or the bound until the replacement catches up.
 """
 
 from __future__ import annotations
@@ -180,6 +185,7 @@ class ParameterShard:
         self.quorum = workers - backup_workers
         self.version = getattr(self, "version", 0)
         self.clock = dict.fromkeys(range(workers), 0)  # steps each worker has pushed
+        self.generation = dict.fromkeys(range(workers), 0)  # incarnation, bumped on replace
         self.pending: list[tuple[int, Any]] = []
         self.answered: set[int] = set()  # workers heard from in the open synchronous step
         self.epoch_target: int | None = None
@@ -228,7 +234,7 @@ class ParameterShard:
 
     @surface_async_errors
     async def push(
-        self, worker: int, version: int, flat: Any, want_weights: bool
+        self, worker: int, version: int, flat: Any, want_weights: bool, generation: int = 0
     ) -> tuple[int, Any, bool]:
         """The flat gradients (and non-trainable values) of ``worker``, computed on
         ``version`` of this shard.
@@ -238,9 +244,14 @@ class ParameterShard:
         """
         self.stats["pushes"] += 1
         self.stats["bytes_in"] += flat.nbytes
+        if generation != self.generation[worker]:  # sent by a worker since replaced
+            self.stats["dropped"] += 1
+            return self.version, None, self.done()
+        # A batch consumed, applied or not: the staleness clock, and where a replacement
+        # for this worker would go on.
+        self.clock[worker] += 1
         if self.staleness != 0:
             async with self.cond:
-                self.clock[worker] += 1  # a step done, applied or not: the staleness clock
                 if self.done():  # the epoch closed while this gradient was in flight
                     self.stats["dropped"] += 1
                 else:
@@ -263,6 +274,32 @@ class ParameterShard:
         if not want_weights:
             return self.version, None, self.done()
         return await self.pull(worker, None if self.staleness == 0 else self.clock[worker])
+
+    async def forget(self, worker: int) -> int:
+        """``worker`` died: refuse its old pushes, drop its gradient from the open step.
+
+        Returns the batches of its data that count as consumed here: where a replacement
+        must go on (a dropped gradient's batch is computed again).
+        """
+        async with self.cond:
+            self.generation[worker] += 1
+            mine = [p for p in self.pending if p[0] == worker]
+            self.pending = [p for p in self.pending if p[0] != worker]
+            self.answered.discard(worker)
+            self.stats["dropped"] += len(mine)
+            self.clock[worker] -= len(mine)
+            return self.clock[worker]
+
+    async def rejoin(self, worker: int, clock: int) -> int:
+        """A replacement for ``worker`` starts at ``clock`` batches; returns its generation.
+
+        Servers may disagree by one push (the old process died between them): all take the
+        replacement's count, so the staleness bound measures the same steps everywhere.
+        """
+        async with self.cond:
+            self.clock[worker] = clock
+            self.cond.notify_all()
+            return self.generation[worker]
 
     def _maybe_close(self) -> None:
         """Close the synchronous step if enough gradients are in (caller holds the lock)."""

@@ -46,9 +46,17 @@ class PSWorker(TrainWorker):
         self._engine.connect(owner, len(servers))
         self.versions = [0] * len(servers)  # of the weights the current step computes on
         self.step = 0  # steps this worker has started, across epochs
+        self.generation = 0  # bumped by the servers each time this worker is replaced
         self._next: list[Any] | None = None  # refs that answer with the next step's weights
         self._acks: list[Any] = []
         self.timing = {"wait_s": 0.0, "compute_s": 0.0, "push_s": 0.0, "steps": 0}
+
+    @surface_errors
+    def rejoin(self, step: int, generation: int) -> None:
+        """Replace a dead worker of this index: go on from its ``step``-th batch."""
+        self._engine.seek(step)
+        self.step = step
+        self.generation = generation
 
     # ------------------------------------------------------------------ traffic
     def _get(self, refs: list[Any]) -> list[Any]:
@@ -83,7 +91,7 @@ class PSWorker(TrainWorker):
 
     def _push(self, flats: list[Any], want: bool) -> list[Any]:
         return [
-            server.push.remote(self.index, self.versions[s], flats[s], want)
+            server.push.remote(self.index, self.versions[s], flats[s], want, self.generation)
             for s, server in enumerate(self.servers)
         ]
 
