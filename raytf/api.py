@@ -191,6 +191,22 @@ def plan(
     return Plan(chosen, explanation, cluster)
 
 
+def check_elastic(policy: FailurePolicy, layout: Layout) -> None:
+    """An elastic policy needs a layout that can change its worker count, and room to shrink."""
+    if layout.resized(layout.num_workers) is None:
+        raise ConfigError(
+            f"FailurePolicy(min_workers={policy.min_workers}) makes the job elastic, but the "
+            f"layout is {layout.describe()}, which cannot change its worker count. Pass "
+            "layout='all-reduce' (or raytf.AllReduce(...)), or drop min_workers."
+        )
+    if policy.min_workers > layout.num_workers:
+        raise ConfigError(
+            f"FailurePolicy(min_workers={policy.min_workers}) is more than the layout's "
+            f"{layout.num_workers} worker(s); pass min_workers between 1 and "
+            f"{layout.num_workers}."
+        )
+
+
 def fit(
     model: Callable[[], Any],
     data: Callable[[Any], Any],
@@ -284,6 +300,9 @@ def fit(
             "node can read (NFS, a mounted bucket): a recovered worker on another node must "
             "find the checkpoint to restore."
         )
+
+    if failures.elastic:
+        check_elastic(failures, chosen.layout)
 
     hooks = [ProgressLogger(), *callbacks] if verbose else list(callbacks)
     return chosen.layout.coordinator_cls()(

@@ -50,6 +50,10 @@ class Callback:
         """Training goes on: a new group restored a checkpoint, or (parameter servers) a
         replacement worker joined the running servers (``record["action"]``)."""
 
+    def on_resize(self, record: dict[str, Any]) -> None:
+        """An elastic run changed its worker count (``record["from_workers"]`` to
+        ``record["to_workers"]``); training goes on from the newest checkpoint."""
+
     def on_fit_end(self, result: FitResult) -> None:
         pass
 
@@ -131,6 +135,12 @@ class ProgressLogger(Callback):
             f"at most {record['steps_redone']} step(s) redone"
         )
         self._last = time.perf_counter()
+
+    def on_resize(self, record: dict[str, Any]) -> None:
+        self._print(
+            f"raytf: elastic: {record['from_workers']} -> {record['to_workers']} worker(s) "
+            f"({record['reason']}), global batch {record['global_batch_size']}"
+        )
 
     def on_fit_end(self, result: FitResult) -> None:
         if result.failures:

@@ -127,6 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint every N steps within epochs (bounds the work redone after a failure)",
     )
     run.add_argument(
+        "--min-workers",
+        type=int,
+        help="elastic all-reduce: go on with down to N workers when a lost one cannot be "
+        "replaced, and grow back when resources return (needs --max-failures)",
+    )
+    run.add_argument(
+        "--elastic-batch",
+        choices=["global", "per_worker"],
+        help="elastic: keep the global batch (default) or each worker's batch",
+    )
+    run.add_argument(
         "--resume",
         action="store_const",
         const=True,
@@ -199,6 +210,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "checkpoint_dir",
         "max_failures",
         "checkpoint_every_steps",
+        "min_workers",
+        "elastic_batch",
         "resume",
         "seed",
     )

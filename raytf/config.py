@@ -7,6 +7,8 @@ from dataclasses import dataclass, fields
 from raytf.errors import ConfigError
 
 FIRST_EPOCH_LIMIT_S = 24 * 3600.0
+#: What an elastic job keeps fixed when its worker count changes.
+ELASTIC_BATCH = ("global", "per_worker")
 MIN_EPOCH_LIMIT_S = 600.0
 
 
@@ -59,11 +61,26 @@ class FailurePolicy:
     each failure and what it cost. Errors in your own code (a bad data path, a typo) are not
     retried: they would fail again. Without ``checkpoint_dir`` raytf checkpoints to a temporary
     directory on this machine (fine on one node; give shared storage across nodes).
+
+    Elastic all-reduce (``min_workers``): when the resources of a lost worker cannot be had
+    again within ``replace_within_s`` (its node is gone and no other has room), go on with
+    fewer workers, down to ``min_workers``, and grow back to the full size at the next
+    segment boundary once the resources return. ``elastic_batch`` says what stays fixed:
+    ``"global"`` keeps ``global_batch_size`` (each worker's share grows; worker counts that
+    do not divide it are skipped) so steps and learning rate mean the same; ``"per_worker"``
+    keeps each worker's batch and the global batch shrinks with the workers.
     """
 
     max_failures: int = 0
     checkpoint_every_steps: int | None = None
     checkpoint_every_s: float | None = None
+    min_workers: int | None = None
+    elastic_batch: str = "global"
+    replace_within_s: float = 60.0
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None
 
     def __post_init__(self) -> None:
         m = self.max_failures
@@ -82,4 +99,27 @@ class FailurePolicy:
             raise ConfigError(
                 f"FailurePolicy.checkpoint_every_s must be a positive number of seconds or "
                 f"None, received {s!r}."
+            )
+        w = self.min_workers
+        if w is not None:
+            if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+                raise ConfigError(
+                    f"FailurePolicy.min_workers must be a positive integer or None (not "
+                    f"elastic), received {w!r}."
+                )
+            if m < 1:
+                raise ConfigError(
+                    f"FailurePolicy(min_workers={w}) shrinks the job after a failure, but "
+                    f"max_failures={m} allows none; pass max_failures=1 or more."
+                )
+        if self.elastic_batch not in ELASTIC_BATCH:
+            raise ConfigError(
+                f"FailurePolicy.elastic_batch must be one of {list(ELASTIC_BATCH)}, received "
+                f"{self.elastic_batch!r}."
+            )
+        r = self.replace_within_s
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0:
+            raise ConfigError(
+                f"FailurePolicy.replace_within_s must be a positive number of seconds, "
+                f"received {r!r}."
             )

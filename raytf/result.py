@@ -53,6 +53,8 @@ class FitResult:
     time_lost_s: float = 0.0
     #: The checkpoint a ``resume=True`` run started from (newer unreadable ones skipped).
     resumed_from: str | None = None
+    #: Elastic runs: each change of worker count (from, to, why, at which step, the batch).
+    resizes: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def load_model(self, **kwargs: Any) -> Any:
         """The final model as a ``keras.Model``, read from :attr:`model_path`."""

@@ -139,3 +139,25 @@ def test_epoch_timeout_adapts_to_the_epochs_seen():
     assert adaptive.epoch_limit([30.0]) == 600  # at least ten minutes
     assert adaptive.epoch_limit([200.0, 400.0]) == 2000  # five times the longest
     assert raytf.Timeouts(epoch_s=90).epoch_limit([1000.0]) == 90
+
+
+@pytest.mark.parametrize(
+    ("mode", "batch", "sizes", "batches"),
+    [
+        # Global: the batch stays; 3 workers cannot split 32 exactly, so it is skipped.
+        ("global", 32, [4, 2, 1], [32, 32, 32]),
+        # Per worker: each keeps 8 examples; the global batch follows the worker count.
+        ("per_worker", 32, [4, 3, 2, 1], [32, 24, 16, 8]),
+    ],
+)
+def test_elastic_sizes_and_batches(mode, batch, sizes, batches):
+    from raytf._internal.coordinator import Coordinator
+    from raytf._internal.job import Job
+
+    job = Job(model_fn=lambda: None, data_fn=lambda ctx: None, global_batch_size=batch)
+    policy = raytf.FailurePolicy(max_failures=1, min_workers=1, elastic_batch=mode)
+    coordinator = Coordinator(
+        raytf.AllReduce(workers=4), job, raytf.Timeouts(), "", failures=policy
+    )
+    assert [n for n in range(4, 0, -1) if coordinator._fits(n)] == sizes
+    assert [coordinator._batch_for(n) for n in sizes] == batches

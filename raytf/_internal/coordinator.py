@@ -48,6 +48,15 @@ class _PortTaken(Exception):
     """A TensorFlow server lost its port to another process; retry with fresh ports."""
 
 
+class _Grow(Exception):
+    """An elastic run that shrank can have its full size again: checkpointed, restart."""
+
+
+#: How long an elastic run waits for a smaller reservation, or a probe for returned
+#: resources, once it has waited ``replace_within_s`` for the full size.
+RESIZE_PROBE_S = 5.0
+
+
 def _unwrap(exc: Exception, name: str) -> Exception:
     """The error a user should see for a failed actor call."""
     if isinstance(exc, ray.exceptions.RayTaskError):
@@ -240,6 +249,7 @@ class Coordinator:
         self.started = started  # wall clock of the user's call, for time to first step
         self.failure_policy = failures or FailurePolicy()
         self.server_rows: list[dict[str, Any]] = []  # layouts with server actors fill it
+        self.full_layout = layout  # an elastic run's size to grow back to
 
     def _start(self, placement: PlacementGroup | None) -> tuple[WorkerGroup, list, list]:
         t = self.timeouts
@@ -277,18 +287,31 @@ class Coordinator:
             job = dataclasses.replace(job, checkpoint_dir=scratch)
         self._run = _RunState(started=started, checkpoint_at=(0, started))
         placement = reserve(self.layout, self.timeouts.placement_s)
+        if policy.elastic and placement is None:
+            raise ConfigError(
+                "An elastic FailurePolicy (min_workers=...) reserves and resizes its own "
+                "resources, which it cannot do inside a caller's placement group (a Tune "
+                "trial). Drop min_workers for sweeps."
+            )
         try:
             while True:
                 try:
                     finals, workers, extra = self._attempt(placement, job)
                     break
+                except _Grow:
+                    old, placement = placement, None  # released by _resize
+                    placement = self._resize(old, "resources returned")
+                    job = self._job_for_size(job, resume=True)
                 except RaytfError as exc:
                     if not _recoverable(exc) or len(self._run.failures) >= policy.max_failures:
                         raise
                     self._failed(exc)
+                    if policy.elastic:
+                        old, placement = placement, None
+                        placement = self._resize(old, "replacements unavailable")
                     # Resume from this run's checkpoints (or the user's, when resuming).
                     resume = self.job.resume or self._run.checkpoint is not None
-                    job = dataclasses.replace(job, resume=resume)
+                    job = self._job_for_size(job, resume=resume)
         finally:
             if placement is not None:
                 remove_placement_group(placement)
@@ -305,12 +328,14 @@ class Coordinator:
             group, ready, devices = self._start(placement)
             infos = group.call("build", [(job,)] * len(group.actors), t.start_s, "start")
             steps = job.steps_per_epoch or min(i["train_steps"] for i in infos)
-            run.steps = steps
+            prior, run.steps = run.steps, steps
             val_steps = None
             if job.validation_fn is not None:
                 val_steps = job.validation_steps or min(i["validation_steps"] for i in infos)
             start_epoch = self._prepare(group, infos)
             start_step = infos[0].get("start_step", 0) if start_epoch < job.epochs else 0
+            if prior and prior != steps:  # elastic per-worker batch: the same share of epoch
+                start_step = start_step * steps // prior
             if start_epoch < job.epochs:
                 steps_at = {i.get("start_step", 0) for i in infos}
                 if len(steps_at) > 1:
@@ -387,6 +412,8 @@ class Coordinator:
                 run.checkpoint_at = (epoch * steps + stop, time.time())
                 if paths[0]:
                     run.checkpoint = paths[0]
+                if self._can_grow():  # just checkpointed: restart at the full size
+                    raise _Grow()
             step = stop
         return results
 
@@ -415,6 +442,15 @@ class Coordinator:
         if saved:
             for cb in self.callbacks:
                 cb.on_checkpoint(epoch, saved)
+        if epoch + 1 < job.epochs and job.checkpoint_dir and self._can_grow():
+            if not saved:  # the next epoch's start, so the full group goes on from here
+                group.call(
+                    "save",
+                    [(epoch + 1, 0)] * len(group.actors),
+                    self.timeouts.start_s,
+                    "checkpoint",
+                )
+            raise _Grow()
 
     def _segment(self, steps: int) -> int:
         """Steps between mid-epoch checkpoints: the policy's count, or its seconds at the
@@ -430,6 +466,78 @@ class Coordinator:
             return max(1, steps // 10)  # until a rate is measured
         return steps
 
+    # ------------------------------------------------------------------ elastic
+    def _resize(self, placement: PlacementGroup | None, reason: str) -> PlacementGroup:
+        """A new reservation for an elastic run: the full size if it can be had within
+        ``replace_within_s``, else the largest size down to ``min_workers`` that fits."""
+        policy, full, old = self.failure_policy, self.full_layout, self.layout
+        if placement is not None:
+            remove_placement_group(placement)
+        t0 = time.time()
+        sizes = [n for n in range(full.num_workers, policy.min_workers - 1, -1) if self._fits(n)]
+        for i, n in enumerate(sizes):
+            layout = full.resized(n)
+            try:
+                pg = reserve(layout, policy.replace_within_s if i == 0 else RESIZE_PROBE_S)
+            except PlacementError:
+                continue
+            self.layout = layout
+            if n != old.num_workers:
+                record = {
+                    "from_workers": old.num_workers,
+                    "to_workers": n,
+                    "reason": reason,
+                    "position": self._run.position,
+                    "global_batch_size": self._batch_for(n),
+                    "reserve_s": time.time() - t0,
+                }
+                self._run.resizes.append(record)
+                for cb in self.callbacks:
+                    cb.on_resize(record)
+            return pg
+        raise PlacementError(
+            f"Could not reserve even min_workers={policy.min_workers} worker(s) of "
+            f"{full.describe()} (tried {sizes} worker(s); the full size for "
+            f"{policy.replace_within_s:g}s, then {RESIZE_PROBE_S:g}s each): the cluster lost "
+            "the resources. Add nodes, or lower min_workers."
+        )
+
+    def _fits(self, workers: int) -> bool:
+        """Whether ``workers`` workers split the global batch exactly (elastic "global")."""
+        if self.failure_policy.elastic_batch != "global":
+            return True
+        return self.job.global_batch_size % (workers * self.full_layout.devices_per_worker) == 0
+
+    def _batch_for(self, workers: int) -> int:
+        if self.failure_policy.elastic_batch == "global":
+            return self.job.global_batch_size
+        return self.job.global_batch_size * workers // self.full_layout.num_workers
+
+    def _job_for_size(self, job: Job, resume: bool) -> Job:
+        batch = self._batch_for(self.layout.num_workers)
+        return dataclasses.replace(job, resume=resume, global_batch_size=batch)
+
+    def _can_grow(self) -> bool:
+        """A shrunk elastic run: are the missing workers' resources free again? A cheap
+        look at the cluster's free resources, then a probe reservation of just them."""
+        full, now = self.full_layout, self.layout
+        if not self.failure_policy.elastic or now.num_workers >= full.num_workers:
+            return False
+        missing = full.bundles()[now.num_workers :]
+        free = ray.available_resources()
+        need: dict[str, float] = {}
+        for bundle in missing:
+            for key, value in bundle.items():
+                need[key] = need.get(key, 0.0) + value
+        if any(free.get(k, 0.0) < v for k, v in need.items()):
+            return False
+        probe = placement_group(missing, strategy=full.placement_strategy)
+        try:
+            ready, _ = ray.wait([probe.ready()], timeout=RESIZE_PROBE_S)
+        finally:
+            remove_placement_group(probe)
+        return bool(ready)
+
     def _failed(self, exc: RaytfError) -> None:
         """Record a failure the policy tolerates; the next attempt restores a checkpoint."""
         run = self._run
@@ -442,6 +550,7 @@ class Coordinator:
         preempted = isinstance(exc, Preempted)
         record = {
             "failure": len(run.failures) + 1,
+            "steps_per_epoch": run.steps,
             "worker": getattr(exc, "worker", None),
             "reason": "preempted" if preempted else "died",
             "error": str(exc).splitlines()[0][:300],
@@ -467,6 +576,9 @@ class Coordinator:
             record["reached"] = position
             record["since_checkpoint_s"] = 0.0
         record["action"] = "restarted the group"
+        if record["steps_per_epoch"] and record["steps_per_epoch"] != steps:  # resized
+            e, st = divmod(record["reached"], record["steps_per_epoch"])
+            record["reached"] = e * steps + st * steps // record["steps_per_epoch"]
         record["restored_checkpoint"] = info.get("restored")
         record["skipped_checkpoints"] = info.get("skipped_checkpoints", [])
         record["restored_epoch"], record["restored_step"] = divmod(position, steps)
@@ -509,6 +621,7 @@ class Coordinator:
             steps_redone=sum(f.get("steps_redone", 0) for f in failures),
             time_lost_s=sum(f.get("time_lost_s", 0.0) for f in failures),
             resumed_from=run.resumed_from,
+            resizes=[dict(r) for r in run.resizes],
             **extra,
         )
         for cb in self.callbacks:
@@ -585,6 +698,7 @@ class _RunState:
     durations: list[float] = dataclasses.field(default_factory=list)
     seconds: dict[int, float] = dataclasses.field(default_factory=dict)
     failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    resizes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     checkpoint: str | None = None
     checkpoint_at: tuple[int, float] = (0, 0.0)
     position: int = 0

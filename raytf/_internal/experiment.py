@@ -36,6 +36,9 @@ FIT_KEYS = frozenset(
         "max_failures",
         "checkpoint_every_steps",
         "checkpoint_every_s",
+        "min_workers",
+        "elastic_batch",
+        "replace_within_s",
         "resume",
         "seed",
         "steps_per_execution",
@@ -44,7 +47,14 @@ FIT_KEYS = frozenset(
     }
 )
 #: FIT_KEYS that make the run's FailurePolicy.
-FAILURE_KEYS = ("max_failures", "checkpoint_every_steps", "checkpoint_every_s")
+FAILURE_KEYS = (
+    "max_failures",
+    "checkpoint_every_steps",
+    "checkpoint_every_s",
+    "min_workers",
+    "elastic_batch",
+    "replace_within_s",
+)
 #: Keys that shape a named layout: the fields of the registered layouts' config objects, so a
 #: new layout's options work in YAML, flags and sweeps without touching this file.
 LAYOUT_KEYS = layout_option_names()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from raytf._internal.spec import MULTI_WORKER, StrategySpec
@@ -105,6 +105,9 @@ class AllReduce(Layout):
                 f"device(s); use a multiple of {devices}."
             )
         return cls(workers=replicas // devices, devices=devices, use_gpu=use_gpu, **options)
+
+    def resized(self, workers: int) -> AllReduce:
+        return replace(self, workers=workers)
 
     def describe(self) -> str:
         kind = "GPU" if self.use_gpu else "CPU"

@@ -66,6 +66,10 @@ class Layout(ABC):
     def for_replicas(cls, replicas: int, use_gpu: bool, **options: Any) -> Layout:
         """The layout that runs ``replicas`` replicas, for ``layout="name", replicas=N``."""
 
+    def resized(self, workers: int) -> Layout | None:
+        """This layout with ``workers`` workers, for elastic runs; None if it cannot resize."""
+        return None
+
     def coordinator_cls(self) -> type[Coordinator]:
         """The driver-side runner; layouts with more than worker actors bring their own."""
         from raytf._internal.coordinator import Coordinator
