@@ -21,7 +21,16 @@ from raytf._internal.selection import resolve_use_gpu
 from raytf.errors import ConfigError
 from raytf.layouts import Layout, layout_option_names, resolve
 
-#: Keys an experiment's ``config`` may set, passed to raytf.fit as they are.
+#: Config keys that make the run's FailurePolicy.
+FAILURE_KEYS = (
+    "max_failures",
+    "checkpoint_every_steps",
+    "checkpoint_every_s",
+    "min_workers",
+    "elastic_batch",
+    "replace_within_s",
+)
+#: Keys an experiment's ``config`` may set, passed to raytf.fit (failure keys as a policy).
 FIT_KEYS = frozenset(
     {
         "global_batch_size",
@@ -33,27 +42,13 @@ FIT_KEYS = frozenset(
         "validation_steps",
         "checkpoint_dir",
         "checkpoint_every",
-        "max_failures",
-        "checkpoint_every_steps",
-        "checkpoint_every_s",
-        "min_workers",
-        "elastic_batch",
-        "replace_within_s",
         "resume",
         "seed",
         "steps_per_execution",
         "stragglers",
         "preemptible",
+        *FAILURE_KEYS,
     }
-)
-#: FIT_KEYS that make the run's FailurePolicy.
-FAILURE_KEYS = (
-    "max_failures",
-    "checkpoint_every_steps",
-    "checkpoint_every_s",
-    "min_workers",
-    "elastic_batch",
-    "replace_within_s",
 )
 #: Keys that shape a named layout: the fields of the registered layouts' config objects, so a
 #: new layout's options work in YAML, flags and sweeps without touching this file.
