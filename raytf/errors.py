@@ -62,11 +62,24 @@ def _rebuild_worker_error(message, worker, error_type, remote_traceback) -> Work
 
 
 class Preempted(RaytfError):
-    """A worker got SIGTERM (a spot instance reclaimed) and checkpointed before exiting."""
+    """A worker got SIGTERM (a spot instance reclaimed) and checkpointed before exiting.
 
-    def __init__(self, message: str, checkpoint: str | None = None) -> None:
-        super().__init__(message, checkpoint)
+    ``worker`` names the worker that got the signal, ``position`` is the step of the run
+    (epochs x steps + step) the checkpoint holds, ``checkpoint`` its path (None if none was
+    written, or on a worker that does not keep the checkpoint).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        checkpoint: str | None = None,
+        position: int | None = None,
+        worker: str | None = None,
+    ) -> None:
+        super().__init__(message, checkpoint, position, worker)
         self.checkpoint = checkpoint
+        self.position = position
+        self.worker = worker
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -69,25 +69,30 @@ def test_more_failures_than_the_policy_allows_fail_the_run(local_ray, tmp_path):
     assert alive_actors() == []
 
 
-def test_sigterm_checkpoints_before_the_worker_goes(local_ray, tmp_path):
-    layout, _ = LAYOUTS["in-graph"]
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_sigterm_checkpoints_before_the_worker_goes(local_ray, undisturbed, tmp_path, name):
+    layout, victim = LAYOUTS[name]
     marker = str(tmp_path / "terminated")
     ckpt = tmp_path / "ckpt"
     at_step = STEPS + 8
     result = fit(
         layout,
-        workloads.dying_data(marker, at_step, worker=0, sig=int(signal.SIGTERM)),
+        workloads.dying_data(marker, at_step, worker=victim, sig=int(signal.SIGTERM)),
         failures=raytf.FailurePolicy(max_failures=1),
         checkpoint_dir=str(ckpt),
         steps_per_execution=1,
     )
     (failure,) = result.failures
     assert failure["reason"] == "preempted" and "SIGTERM" in failure["error"]
-    # The worker wrote a checkpoint where it stopped, and training went on from exactly it.
+    assert failure["worker"] == ("worker" if name == "in-graph" else "worker-1")
+    # The workers wrote a checkpoint where they stopped (under all-reduce they agreed on the
+    # step first), and training went on from exactly it.
     restored = failure["restored_checkpoint"]
     assert restored and os.path.exists(restored + ".index")
     assert failure["restored_epoch"] == 1 and 0 < failure["restored_step"] < STEPS
     assert result.steps_redone == 0 and result.global_step == EPOCHS * STEPS
+    for got, want in zip(result.weights, undisturbed[name].weights, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
 
 
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(local_ray, tmp_path):

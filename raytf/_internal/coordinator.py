@@ -562,6 +562,7 @@ class Coordinator:
             "reached": reached,
             "partial": partial,  # steps of the failed segment, at most, done before it
             "checkpoint": getattr(exc, "checkpoint", None),
+            "stopped_at": getattr(exc, "position", None),  # a preempted run's checkpoint
             "since_checkpoint_s": time.time() - run.checkpoint_at[1],
         }
         run.failures.append(record)
@@ -570,7 +571,7 @@ class Coordinator:
 
     def _recovered(self, info: dict[str, Any], position: int, steps: int) -> None:
         record = self._run.failures[-1]
-        if record["reason"] == "preempted" and info.get("restored") == record["checkpoint"]:
+        if record["reason"] == "preempted" and record["stopped_at"] == position:
             # It checkpointed where it stopped and that is what came back: nothing redone.
             record["partial"] = max(0, position - (record["reached"] - record["partial"]))
             record["reached"] = position

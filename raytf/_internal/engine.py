@@ -165,6 +165,7 @@ class Engine:
             seed=job.seed,
         )
         self.first_step_at: float | None = None
+        self._agree: Any = None  # the all-reduce that agrees on a preemption, traced once
         self._steady_steps = 0
         self._steady_seconds = 0.0
 
@@ -407,7 +408,7 @@ class Engine:
         if start == 0:
             for metric in [*self.model.metrics, self._loss]:
                 metric.reset_state()
-        self._train_steps(stop - start, epoch, start)
+        self._train_steps(stop - start, epoch, start, steps)
         if stop < steps:
             return {
                 "logs": None,
@@ -417,20 +418,15 @@ class Engine:
             }
         return self._end_epoch(epoch, validation_steps)
 
-    def _train_steps(self, steps: int, epoch: int = 0, start: int = 0) -> None:
+    def _train_steps(
+        self, steps: int, epoch: int = 0, start: int = 0, epoch_steps: int | None = None
+    ) -> None:
         k = self.steps_per_execution(steps)
         done = 0
         while done < steps:
-            if self.preempted:  # SIGTERM: save where we are, then leave
-                # A lone worker can save; under all-reduce the peers are already in the next
-                # collective and a save needs them all, so the last checkpoint stands.
-                path = self.save(epoch, start + done) if self.spec.num_workers == 1 else None
-                saved = f"checkpoint {path} written" if path else "no checkpoint written"
-                raise Preempted(
-                    f"{self.spec.role}-{self.spec.worker_index} got SIGTERM at epoch "
-                    f"{epoch + 1}, step {start + done}; {saved} before exiting.",
-                    checkpoint=path,
-                )
+            stopping = self._preempted_workers()
+            if stopping:  # SIGTERM: every worker saves at this same step, then they leave
+                self._stop_for(stopping, epoch, start + done, epoch_steps or steps)
             n = 1 if self.first_step_at is None else min(k, steps - done)
             t0 = time.perf_counter()
             self._train_n(self._iterator, tf.constant(n)).numpy()
@@ -440,6 +436,42 @@ class Engine:
                 self._steady_steps += n
                 self._steady_seconds += time.perf_counter() - t0
             done += n
+
+    def _preempted_workers(self) -> list[int]:
+        """The workers that got SIGTERM. Alone, this one's flag; under all-reduce, agreed by
+        a one-number all-reduce before every call of K steps (each worker sets its own bit),
+        so all stop at the same step and can write the checkpoint together."""
+        if self.spec.num_workers == 1 or self.job.checkpoint_dir is None:
+            return [self.spec.worker_index] if self.preempted else []
+        if self._agree is None:
+
+            @tf.function
+            def agree(bit: tf.Tensor) -> tf.Tensor:
+                value = self.strategy.run(lambda: tf.identity(bit))
+                return self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+
+            self._agree = agree
+        bit = float(2**self.spec.worker_index) if self.preempted else 0.0
+        mask = int(self._agree(tf.constant(bit, tf.float64)).numpy())
+        return [i for i in range(self.spec.num_workers) if mask >> i & 1]
+
+    def _stop_for(self, stopping: list[int], epoch: int, step: int, epoch_steps: int) -> None:
+        """Checkpoint at ``step`` (every worker takes part; the chief's copy is kept), then
+        raise Preempted so the driver restarts the group from exactly here."""
+        name = "worker" if self.spec.num_workers == 1 else "worker-{}"
+        who = ", ".join(name.format(i) for i in stopping)
+        path = self.save(epoch, step) if self._manager is not None else None
+        saved = f"checkpoint {path} written" if path else "checkpoint written"
+        if self._manager is None:
+            saved = "no checkpoint written (no checkpoint_dir)"
+        elif path is None:
+            saved += " by the chief"
+        raise Preempted(
+            f"{who} got SIGTERM at epoch {epoch + 1}, step {step}; {saved} before exiting.",
+            checkpoint=path,
+            position=epoch * epoch_steps + step if self._manager is not None else None,
+            worker=name.format(stopping[0]),
+        )
 
     def _end_epoch(self, epoch: int, validation_steps: int | None) -> dict[str, Any]:
         """Metrics, validation, TensorBoard and the checkpoint of a finished epoch."""

@@ -106,6 +106,9 @@ class TrainWorker:
             self._socket.close()
             self._socket = None
         self.strategy = engine.make_strategy(spec, self.devices)
+        # MultiWorkerMirroredStrategy's coordination service installs its own SIGTERM
+        # notifier, which would swallow the signal: raytf's handler goes back on top.
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         address = spec.cluster["worker"][spec.worker_index] if spec.cluster else None
         return {"devices": self.devices, "device_kind": self.device_kind, "address": address}
 
