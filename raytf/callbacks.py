@@ -117,11 +117,12 @@ class ProgressLogger(Callback):
 
     def on_recovery(self, record: dict[str, Any]) -> None:
         if record.get("action") == "replaced in place":
+            batch = record.get("resumed_batch")
+            where = f" from its batch {batch}" if batch is not None else ""
             self._print(
                 f"raytf: recovered: {record['worker']} replaced in place (pid "
-                f"{record['replacement']['pid']}), going on from its batch "
-                f"{record['resumed_batch']} against the running servers; training again "
-                f"{record['recovery_s']:.1f}s after the failure, 0 steps redone"
+                f"{record['replacement']['pid']}), going on{where} against the running "
+                f"servers; training again {record['recovery_s']:.1f}s after the failure"
             )
             self._last = time.perf_counter()
             return

@@ -177,3 +177,46 @@ def test_asynchronous_parameter_servers_train_on_while_a_worker_is_replaced(loca
     steps = [w["timing"]["steps"] for w in result.workers]
     assert steps[0] > EPOCHS * STEPS > steps[1], steps
     assert alive_actors() == []
+
+
+class _KillTasks(raytf.Callback):
+    """SIGKILL TensorFlow tasks by pid at epoch ends: ``{epoch: task name}``."""
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def on_fit_start(self, run):
+        self.pids = {row["name"]: row["pid"] for row in run.servers}
+
+    def on_epoch_end(self, epoch, logs):
+        if epoch in self.plan:
+            os.kill(self.pids[self.plan[epoch]], signal.SIGKILL)
+
+
+def test_tensorflow_engine_restarts_lost_tasks(local_ray):
+    layout = raytf.ParameterServer(
+        workers=2, ps=1, staleness=None, engine="tensorflow", cpus_per_ps=0.5
+    )
+    epochs = 4
+    # Both original workers are gone by epoch 3: it trains only if TensorFlow took the
+    # restarted tasks back. Then the ps: its variables are lost, a restart from checkpoint.
+    kills = _KillTasks({0: "worker-1", 1: "worker-0", 2: "ps-0"})
+    result = fit(
+        layout,
+        epochs=epochs,
+        failures=raytf.FailurePolicy(max_failures=3),
+        callbacks=[kills],
+        timeouts=raytf.Timeouts(epoch_s=120),  # a task TensorFlow never took back: fail
+    )
+    actions = [(f["worker"], f["action"]) for f in result.failures]
+    assert actions == [
+        ("worker-1", "replaced in place"),
+        ("worker-0", "replaced in place"),
+        ("ps-0", "restarted the group"),
+    ], result.failures
+    assert result.failures[2]["restored_epoch"] == 3  # the chief's checkpoint after epoch 3
+    # Killed between epochs, so no closure was cut short: one step per worker batch.
+    assert result.global_step == epochs * 2 * STEPS, result.failures
+    assert len(result.history["loss"]) == epochs
+    assert result.history["loss"][-1] < result.history["loss"][0]
+    assert alive_actors() == []

@@ -10,16 +10,34 @@ TensorFlow/Keras behaviours shape this file (measured, see the facts notes):
 - Keras 3's ``Variable.assign_add`` reads then writes, so two workers updating one metric lose
   updates (accuracy above 1); the chief makes it the atomic TensorFlow op in its own process;
 - ``model.fit`` fails here, so the raytf loop is scheduled as is.
+
+Failures: the driver holds a blocking ``serve`` call on every task, so a task's death is seen
+at once, not when TensorFlow gives up on it. A dead ``worker`` task is started again at the
+same address while the chief trains on: TensorFlow's coordinator reschedules the lost closures
+on the other workers and takes the new task back (re-creating its dataset) when it answers.
+A dead ``ps`` task loses variables, the ``UnavailableError`` TensorFlow leaves to the user:
+raytf restarts every task from the chief's newest checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from typing import Any
 
-from raytf._internal.coordinator import Coordinator, WorkerGroup
+import ray
+
+from raytf._internal.coordinator import (
+    DEATH_GRACE_S,
+    Coordinator,
+    WorkerGroup,
+    _recoverable,
+    _unwrap,
+)
 from raytf._internal.worker import TrainWorker, surface_errors
 from raytf.data import InputContext
+from raytf.errors import RaytfError, StartupTimeoutError, WorkerError
 
 
 class TFServerTask(TrainWorker):
@@ -45,6 +63,10 @@ class TFServerTask(TrainWorker):
             start=True,
         )
         return {"devices": [], "device_kind": "CPU", "address": address, "role": spec.role}
+
+    def serve(self) -> None:
+        """Block while the server runs: the driver holds this call to learn of its death."""
+        self.server.join()
 
 
 def _atomic_keras_assign_add() -> None:
@@ -172,7 +194,9 @@ def _tf_engine() -> type:
         def seek(self, batches: int) -> None:
             """TensorFlow's workers hold the data: a resumed run starts their data afresh."""
 
-        def _train_steps(self, steps: int, epoch: int = 0, start: int = 0) -> None:
+        def _train_steps(
+            self, steps: int, epoch: int = 0, start: int = 0, epoch_steps: int | None = None
+        ) -> None:
             """``steps`` batches for each worker, scheduled in closures of up to K steps."""
             import time
 
@@ -223,6 +247,7 @@ class TFParameterServerCoordinator(Coordinator):
     def _start_strategies(self, group: TFGroup, specs: list[Any]) -> list[Any]:  # type: ignore[override]
         """Servers first (the chief connects to them), then the chief; then only it is called."""
         t = self.timeouts
+        self._specs = specs
         served = group.call_on(
             group.actors[:-1],
             group.names[:-1],
@@ -248,7 +273,71 @@ class TFParameterServerCoordinator(Coordinator):
         group, ready, devices = super()._start(placement)
         # Rows of the worker and ps tasks; the chief's row is the run's one "worker".
         self.task_rows = [{**r, **d} for r, d in zip(ready[:-1], self.task_rows)]
+        self.server_rows = self.task_rows  # callbacks see every task (RunInfo.servers)
+        self._watch = {task.serve.remote(): i for i, task in enumerate(group.tasks)}
         return group, ready[-1:], devices
+
+    def _train(self, group: TFGroup, args: tuple, timeout_s: float) -> list[dict[str, Any]]:  # type: ignore[override]
+        """The chief's segment, watching every task: a dead worker task is started again
+        in place while the chief goes on; a dead ps task ends the attempt."""
+        chief = group.actors[0].run_epoch.remote(*args)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait([chief, *self._watch], num_returns=1, timeout=left)
+            if not ready:
+                raise StartupTimeoutError(group._timeout_message("epoch", timeout_s, ["chief"]))
+            if ready[0] == chief:
+                try:
+                    return [ray.get(chief)]
+                except Exception as exc:
+                    error = _unwrap(exc, "chief")
+                    # TensorFlow's UnavailableError on the chief: name the task that died.
+                    dead, _ = ray.wait(list(self._watch), timeout=DEATH_GRACE_S)
+                    if _recoverable(error) and dead:
+                        name = group.task_names[self._watch[dead[0]]]
+                        error = WorkerError(
+                            f"{name} died ({error})", worker=name, error_type="RayActorError"
+                        )
+                    raise error from None
+            i = self._watch.pop(ready[0])
+            name = group.task_names[i]
+            try:
+                ray.get(ready[0])
+                error: RaytfError = WorkerError(
+                    f"{name} stopped serving", worker=name, error_type="RayActorError"
+                )
+            except Exception as exc:
+                error = _unwrap(exc, name)  # type: ignore[assignment]
+            lost_ps = self._specs[i].role == "ps"
+            if lost_ps or len(self._run.failures) >= self.failure_policy.max_failures:
+                raise error
+            self._restart_task(group, i, error)
+
+    def _restart_task(self, group: TFGroup, i: int, error: RaytfError) -> None:
+        """Start worker task ``i`` again at its address; TensorFlow reconnects to it."""
+        t = self.timeouts
+        self._failed(error)
+        record = self._run.failures[-1]
+        with contextlib.suppress(Exception):
+            ray.kill(group.tasks[i], no_restart=True)
+        name = group.task_names[i]
+        task = group._spawn(TFServerTask, i, self.layout.bundles()[i], name)
+        group.tasks[i] = task
+        row = group.call_on([task], [name], "ready", None, t.start_s, "start")[0]
+        group.call_on([task], [name], "start_strategy", [(self._specs[i],)], t.peers_s, "peers")
+        self._watch[task.serve.remote()] = i
+        record.update(
+            action="replaced in place",
+            replacement={k: row[k] for k in ("pid", "node_ip", "node_id")},
+            partial=0,
+            steps_redone=0,  # TensorFlow re-runs the lost closures (at least once)
+            resumed_batch=None,
+        )
+        record["recovery_s"] = time.time() - record["detected_at"]
+        record["time_lost_s"] = record["recovery_s"]
+        for cb in self.callbacks:
+            cb.on_recovery(record)
 
     def _report(self, group: TFGroup) -> dict[str, Any]:  # type: ignore[override]
         placement = group.call("placement", None, self.timeouts.start_s, "final")[0]
