@@ -7,6 +7,10 @@ driver noticing and to training again.
 
     python experiments/recovery.py                      # 10 trials per layout
     python experiments/recovery.py --trials 20 --layouts all-reduce
+    python experiments/recovery.py --layouts ps-sync,ps-async   # replaced in place
+
+Parameter-server layouts replace the dead worker in place while the servers run on (the
+``how`` column); the others restart the group from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -76,9 +80,13 @@ def make_data(ctx: Any, marker: str, at_step: int, victim: int) -> Any:
 def trial(layout_name: str, at_step: int, args: argparse.Namespace) -> dict[str, Any]:
     import raytf
 
-    layout, victim = {
-        "in-graph": (raytf.InGraph(devices=2, engine="towers"), 0),
-        "all-reduce": (raytf.AllReduce(workers=2), 1),
+    # (layout, victim, optimizer steps per data step: asynchronous servers count each
+    # worker's batch)
+    layout, victim, per_step = {
+        "in-graph": (raytf.InGraph(devices=2, engine="towers"), 0, 1),
+        "all-reduce": (raytf.AllReduce(workers=2), 1, 1),
+        "ps-sync": (raytf.ParameterServer(workers=2, ps=1), 1, 1),
+        "ps-async": (raytf.ParameterServer(workers=2, ps=1, staleness=None), 1, 2),
     }[layout_name]
     with tempfile.TemporaryDirectory() as tmp:
         marker = os.path.join(tmp, "killed")
@@ -100,7 +108,7 @@ def trial(layout_name: str, at_step: int, args: argparse.Namespace) -> dict[str,
         if os.path.exists(marker):
             with open(marker) as f:
                 killed_at = float(f.read())
-    steps = args.epochs * (EXAMPLES // BATCH)
+    steps = args.epochs * (EXAMPLES // BATCH) * per_step
     ok = result.global_step == steps and len(result.failures) == 1 and killed_at is not None
     failure = result.failures[0] if result.failures else {}
     return {
@@ -110,6 +118,7 @@ def trial(layout_name: str, at_step: int, args: argparse.Namespace) -> dict[str,
         if ok
         else None,
         "steps_redone": result.steps_redone,
+        "action": failure.get("action"),
         "wall_s": result.wall_time_s,
     }
 
@@ -162,10 +171,18 @@ def main(argv: list[str] | None = None) -> None:
                 _stat([r["detect_s"] for r in ok]),
                 _stat([r["training_again_s"] for r in ok]),
                 _stat([float(r["steps_redone"]) for r in ok]),
+                ",".join(sorted({str(r["action"]) for r in ok})) or "-",
             ]
         )
     ray.shutdown()
-    header = ["layout", "recovered", "kill -> detected s", "kill -> training again s", "redone"]
+    header = [
+        "layout",
+        "recovered",
+        "kill -> detected s",
+        "kill -> training again s",
+        "redone",
+        "how",
+    ]
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     for line in [header, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)))

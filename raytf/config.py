@@ -57,7 +57,8 @@ class FailurePolicy:
       ``checkpoint_every`` says).
 
     On a failure raytf stops the group, starts a new one (elsewhere if the old resources are
-    gone), restores the newest checkpoint that reads back whole and continues; the result lists
+    gone), restores the newest checkpoint that reads back whole and continues; parameter-server
+    layouts instead replace a dead worker in place while the servers run on. The result lists
     each failure and what it cost. Errors in your own code (a bad data path, a typo) are not
     retried: they would fail again. Without ``checkpoint_dir`` raytf checkpoints to a temporary
     directory on this machine (fine on one node; give shared storage across nodes).

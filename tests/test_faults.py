@@ -34,7 +34,10 @@ def fit(layout, data=workloads.data, **kwargs):
 
 @pytest.fixture(scope="module")
 def undisturbed(local_ray):
-    return {name: fit(layout) for name, (layout, _) in LAYOUTS.items()}
+    """Keras's own fit on the same batches: every layout here matches it undisturbed
+    (tests/test_layouts.py), so a recovered run must too."""
+    task = local_ray.remote(max_calls=1)(workloads.keras_reference)
+    return local_ray.get(task.remote(EPOCHS, BATCH))[1]
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
@@ -55,7 +58,7 @@ def test_sigkill_mid_epoch_recovers_and_finishes_every_step(local_ray, undisturb
     assert result.steps_trained == EPOCHS * STEPS + result.steps_redone
     assert failure["recovery_s"] > 0 and result.time_lost_s >= failure["recovery_s"]
     # Restored weights, optimizer state and data position: the same model as no failure.
-    for got, want in zip(result.weights, undisturbed[name].weights, strict=True):
+    for got, want in zip(result.weights, undisturbed, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4)
     assert len(result.history["loss"]) == EPOCHS
     assert alive_actors() == []
@@ -91,7 +94,7 @@ def test_sigterm_checkpoints_before_the_worker_goes(local_ray, undisturbed, tmp_
     assert restored and os.path.exists(restored + ".index")
     assert failure["restored_epoch"] == 1 and 0 < failure["restored_step"] < STEPS
     assert result.steps_redone == 0 and result.global_step == EPOCHS * STEPS
-    for got, want in zip(result.weights, undisturbed[name].weights, strict=True):
+    for got, want in zip(result.weights, undisturbed, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4)
 
 
@@ -130,11 +133,10 @@ class _KillServer(raytf.Callback):
 
 
 def test_parameter_server_run_replaces_a_killed_worker_and_restarts_a_killed_server(
-    local_ray, tmp_path
+    local_ray, undisturbed, tmp_path
 ):
     layout = raytf.ParameterServer(workers=2, ps=2)  # synchronous: deterministic
     policy = raytf.FailurePolicy(max_failures=2)
-    whole = fit(layout)
     marker = str(tmp_path / "worker-killed")
     kill = _KillServer()
     result = fit(
@@ -154,7 +156,7 @@ def test_parameter_server_run_replaces_a_killed_worker_and_restarts_a_killed_ser
     assert result.global_step == EPOCHS * STEPS
     # The replacement computed the dead worker's batch again on the same weights, and the
     # servers restored variables and Adam state: the same model as no failure.
-    for got, want in zip(result.weights, whole.weights, strict=True):
+    for got, want in zip(result.weights, undisturbed, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4)
     assert alive_actors() == []
 
