@@ -7,6 +7,8 @@ from dataclasses import dataclass, fields
 from raytf.errors import ConfigError
 
 FIRST_EPOCH_LIMIT_S = 24 * 3600.0
+#: Steps per tf.function call when ``steps_per_execution="auto"``.
+AUTO_STEPS_PER_EXECUTION = 50
 #: What an elastic job keeps fixed when its worker count changes.
 ELASTIC_BATCH = ("global", "per_worker")
 MIN_EPOCH_LIMIT_S = 600.0

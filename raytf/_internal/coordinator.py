@@ -55,6 +55,10 @@ class _Grow(Exception):
 #: How long an elastic run waits for a smaller reservation, or a probe for returned
 #: resources, once it has waited ``replace_within_s`` for the full size.
 RESIZE_PROBE_S = 5.0
+#: A probe for returned resources waits this long, and after a failed one the run does not
+#: probe again for GROW_BACKOFF_S (free resources split over nodes fit no bundle).
+GROW_PROBE_S = 1.0
+GROW_BACKOFF_S = 60.0
 
 
 def _unwrap(exc: Exception, name: str) -> Exception:
@@ -328,13 +332,15 @@ class Coordinator:
             group, ready, devices = self._start(placement)
             infos = group.call("build", [(job,)] * len(group.actors), t.start_s, "start")
             steps = job.steps_per_epoch or min(i["train_steps"] for i in infos)
-            prior, run.steps = run.steps, steps
+            run.steps = steps
             val_steps = None
             if job.validation_fn is not None:
                 val_steps = job.validation_steps or min(i["validation_steps"] for i in infos)
             start_epoch = self._prepare(group, infos)
             start_step = infos[0].get("start_step", 0) if start_epoch < job.epochs else 0
-            if prior and prior != steps:  # elastic per-worker batch: the same share of epoch
+            # Elastic per-worker batch: steps per epoch changed; the same share of the epoch.
+            prior = run.steps_of.get(infos[0].get("restored") or "", steps)
+            if prior != steps:
                 start_step = start_step * steps // prior
             if start_epoch < job.epochs:
                 steps_at = {i.get("start_step", 0) for i in infos}
@@ -345,11 +351,12 @@ class Coordinator:
                         "can read (NFS, a mounted bucket)."
                     )
             position = start_epoch * steps + start_step
+            self._start_position = position  # where every worker's data started
             if position:  # the data goes on where the checkpoint left it
                 group.call("seek", [(position,)] * len(group.actors), t.start_s, "start")
             workers = tuple({**r, **d} for r, d in zip(ready, devices))
             if run.failures and "recovery_s" not in run.failures[-1]:
-                self._recovered(infos[0], position, steps)
+                self._recovered(infos[0], position, steps, workers)
             if not run.announced:
                 run.announced = True
                 run.start_epoch = start_epoch
@@ -412,6 +419,7 @@ class Coordinator:
                 run.checkpoint_at = (epoch * steps + stop, time.time())
                 if paths[0]:
                     run.checkpoint = paths[0]
+                    run.steps_of[paths[0]] = steps
                 if self._can_grow():  # just checkpointed: restart at the full size
                     raise _Grow()
             step = stop
@@ -437,6 +445,7 @@ class Coordinator:
         if saved:
             run.checkpoint = saved
             run.checkpoint_at = ((epoch + 1) * steps, time.time())
+            run.steps_of[saved] = steps
         for cb in self.callbacks:
             cb.on_epoch_end(epoch, logs)
         if saved:
@@ -492,8 +501,12 @@ class Coordinator:
                     "reserve_s": time.time() - t0,
                 }
                 self._run.resizes.append(record)
-                for cb in self.callbacks:
-                    cb.on_resize(record)
+                try:
+                    for cb in self.callbacks:
+                        cb.on_resize(record)
+                except BaseException:
+                    remove_placement_group(pg)  # the caller never receives it
+                    raise
             return pg
         raise PlacementError(
             f"Could not reserve even min_workers={policy.min_workers} worker(s) of "
@@ -523,6 +536,8 @@ class Coordinator:
         full, now = self.full_layout, self.layout
         if not self.failure_policy.elastic or now.num_workers >= full.num_workers:
             return False
+        if time.monotonic() - self._run.probe_failed_at < GROW_BACKOFF_S:
+            return False  # free resources split over nodes would stall every boundary
         missing = full.bundles()[now.num_workers :]
         free = ray.available_resources()
         need: dict[str, float] = {}
@@ -533,9 +548,11 @@ class Coordinator:
             return False
         probe = placement_group(missing, strategy=full.placement_strategy)
         try:
-            ready, _ = ray.wait([probe.ready()], timeout=RESIZE_PROBE_S)
+            ready, _ = ray.wait([probe.ready()], timeout=GROW_PROBE_S)
         finally:
             remove_placement_group(probe)
+        if not ready:
+            self._run.probe_failed_at = time.monotonic()
         return bool(ready)
 
     def _failed(self, exc: RaytfError) -> None:
@@ -569,8 +586,13 @@ class Coordinator:
         for cb in self.callbacks:
             cb.on_failure(record)
 
-    def _recovered(self, info: dict[str, Any], position: int, steps: int) -> None:
+    def _recovered(
+        self, info: dict[str, Any], position: int, steps: int, workers: tuple = ()
+    ) -> None:
         record = self._run.failures[-1]
+        record["restarted_on"] = [
+            {k: w[k] for k in ("name", "pid", "node_ip") if k in w} for w in workers
+        ]
         if record["reason"] == "preempted" and record["stopped_at"] == position:
             # It checkpointed where it stopped and that is what came back: nothing redone.
             record["partial"] = max(0, position - (record["reached"] - record["partial"]))
@@ -600,7 +622,14 @@ class Coordinator:
         model_path = self._write_model(chief.get("model_bytes"))
         throughputs = [f["throughput"] for f in finals]
         firsts = [f["first_step_at"] for f in finals if f["first_step_at"]]
-        keep = ("fingerprint", "throughput", "model_save_error", "steps_per_second", "timing")
+        keep = (
+            "fingerprint",
+            "throughput",
+            "model_save_error",
+            "steps_per_second",
+            "timing",
+            "pid",
+        )
         worker_rows = [{**w, **{k: f[k] for k in keep if k in f}} for w, f in zip(workers, finals)]
         failures = [dict(f) for f in run.failures]
         result = FitResult(
@@ -700,6 +729,10 @@ class _RunState:
     seconds: dict[int, float] = dataclasses.field(default_factory=dict)
     failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     resizes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: Steps per epoch of each checkpoint this run wrote (elastic runs change it).
+    steps_of: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: When the last probe for an elastic run's missing resources failed.
+    probe_failed_at: float = float("-inf")
     checkpoint: str | None = None
     checkpoint_at: tuple[int, float] = (0, 0.0)
     position: int = 0

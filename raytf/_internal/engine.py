@@ -22,10 +22,9 @@ import tensorflow as tf
 from raytf._internal.job import Job
 from raytf._internal.spec import MIRRORED, MULTI_WORKER, TOWERS, StrategySpec
 from raytf._internal.tf_config import tf_config_json
+from raytf.config import AUTO_STEPS_PER_EXECUTION
 from raytf.data import InputContext
 from raytf.errors import ConfigError, Preempted
-
-AUTO_STEPS_PER_EXECUTION = 50
 
 
 def configure_devices(spec: StrategySpec) -> tuple[list[str], str]:
@@ -452,7 +451,9 @@ class Engine:
 
             self._agree = agree
         bit = float(2**self.spec.worker_index) if self.preempted else 0.0
-        mask = int(self._agree(tf.constant(bit, tf.float64)).numpy())
+        # Every replica of a worker adds its worker's bit: divide by the replicas per worker.
+        total = float(self._agree(tf.constant(bit, tf.float64)).numpy())
+        mask = round(total / self.replicas_per_worker)
         return [i for i in range(self.spec.num_workers) if mask >> i & 1]
 
     def _stop_for(self, stopping: list[int], epoch: int, step: int, epoch_steps: int) -> None:
@@ -565,6 +566,7 @@ class Engine:
             "fingerprint": self.fingerprint(),
             "throughput": self.throughput,
             "first_step_at": self.first_step_at,
+            "pid": os.getpid(),  # the process that trained to the end (replacements differ)
         }
         if with_model:
             out["weights"] = self.model.get_weights()

@@ -132,23 +132,29 @@ class ParameterServerCoordinator(Coordinator):
         t = self.timeouts
         self._failed(error)
         record = self._run.failures[-1]
-        # Refuse the dead process's pushes still in flight and drop its gradient from an
-        # open synchronous step first: from here nothing it sent can be applied.
-        consumed = group.call_servers("forget", [(i,)] * len(group.servers), t.start_s, "start")
-        actor = group.replace(i)
+        try:
+            # Refuse the dead process's pushes still in flight and drop its gradient from an
+            # open synchronous step first: from here nothing it sent can be applied.
+            consumed = group.call_servers("forget", [(i,)] * len(group.servers), t.start_s, "start")
+            actor = group.replace(i)
 
-        def call(method: str, *a: Any) -> Any:
-            return group.call_on([actor], [group.names[i]], method, [a], t.start_s, "start")[0]
+            def call(method: str, *a: Any) -> Any:
+                names = [group.names[i]]
+                return group.call_on([actor], names, method, [a], t.start_s, "start")[0]
 
-        row = call("ready")
-        call("start_strategy", self._specs[i])
-        call("build", self._job)
-        call("connect", *self._connect)
-        clock = max(consumed)  # a batch any server counted is not computed again
-        generation = group.call_servers(
-            "rejoin", [(i, clock)] * len(group.servers), t.start_s, "start"
-        )[0]
-        call("rejoin", clock, generation)
+            row = call("ready")
+            call("start_strategy", self._specs[i])
+            call("build", self._job)
+            call("connect", *self._connect)
+            clock = max(consumed)  # a batch any server counted is not computed again
+            generation = group.call_servers(
+                "rejoin", [(i, clock)] * len(group.servers), t.start_s, "start"
+            )[0]
+            call("rejoin", clock, generation, self._start_position)
+        except Exception:
+            # No replacement: the group restarts from the checkpoint, recorded as that.
+            self._run.failures.pop()
+            raise error from None
         record.update(
             action="replaced in place",
             replacement={k: row[k] for k in ("pid", "node_ip", "node_id")},

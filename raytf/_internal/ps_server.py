@@ -244,25 +244,25 @@ class ParameterShard:
         """
         self.stats["pushes"] += 1
         self.stats["bytes_in"] += flat.nbytes
-        if generation != self.generation[worker]:  # sent by a worker since replaced
-            self.stats["dropped"] += 1
-            return self.version, None, self.done()
-        # A batch consumed, applied or not: the staleness clock, and where a replacement
-        # for this worker would go on.
-        self.clock[worker] += 1
-        if self.staleness != 0:
-            async with self.cond:
+        t0 = time.perf_counter()
+        async with self.cond:
+            # Checked under the lock: a ``forget`` queued ahead of this push has run.
+            if generation != self.generation[worker]:  # sent by a worker since replaced
+                self.stats["dropped"] += 1
+                return self.version, None, self.done()
+            # A batch consumed, applied or not: the staleness clock, and where a
+            # replacement for this worker would go on.
+            self.clock[worker] += 1
+            if self.staleness != 0:
                 if self.done():  # the epoch closed while this gradient was in flight
                     self.stats["dropped"] += 1
                 else:
                     self.staleness_hist[self.version - version] += 1
                     self._apply_one(flat)
                 self.cond.notify_all()
-        elif self.done():
-            self.stats["dropped"] += 1
-        else:
-            t0 = time.perf_counter()
-            async with self.cond:
+            elif self.done():
+                self.stats["dropped"] += 1
+            else:
                 if version < self.version:  # the step closed without it: late, dropped
                     self.stats["dropped"] += 1
                 else:
@@ -270,7 +270,7 @@ class ParameterShard:
                 self.answered.add(worker)
                 self._maybe_close()
                 await self.cond.wait_for(lambda: self.version > version)
-            self.stats["wait_seconds"] += time.perf_counter() - t0
+                self.stats["wait_seconds"] += time.perf_counter() - t0
         if not want_weights:
             return self.version, None, self.done()
         return await self.pull(worker, None if self.staleness == 0 else self.clock[worker])

@@ -36,6 +36,7 @@ from raytf._internal.coordinator import (
     _unwrap,
 )
 from raytf._internal.worker import TrainWorker, surface_errors
+from raytf.config import AUTO_STEPS_PER_EXECUTION
 from raytf.data import InputContext
 from raytf.errors import RaytfError, StartupTimeoutError, WorkerError
 
@@ -322,16 +323,25 @@ class TFParameterServerCoordinator(Coordinator):
         with contextlib.suppress(Exception):
             ray.kill(group.tasks[i], no_restart=True)
         name = group.task_names[i]
-        task = group._spawn(TFServerTask, i, self.layout.bundles()[i], name)
-        group.tasks[i] = task
-        row = group.call_on([task], [name], "ready", None, t.start_s, "start")[0]
-        group.call_on([task], [name], "start_strategy", [(self._specs[i],)], t.peers_s, "peers")
+        try:
+            task = group._spawn(TFServerTask, i, self.layout.bundles()[i], name)
+            group.tasks[i] = task
+            row = group.call_on([task], [name], "ready", None, t.start_s, "start")[0]
+            spec = [(self._specs[i],)]
+            group.call_on([task], [name], "start_strategy", spec, t.peers_s, "peers")
+        except Exception:
+            # Its address cannot be had again (the node is gone, the port taken): the group
+            # restarts with fresh addresses from the checkpoint, recorded as that.
+            self._run.failures.pop()
+            raise error from None
         self._watch[task.serve.remote()] = i
+        spe = self._job.steps_per_execution
         record.update(
             action="replaced in place",
             replacement={k: row[k] for k in ("pid", "node_ip", "node_id")},
             partial=0,
-            steps_redone=0,  # TensorFlow re-runs the lost closures (at least once)
+            # TensorFlow re-runs a closure the task was running: at most its K steps twice.
+            steps_redone=AUTO_STEPS_PER_EXECUTION if spe == "auto" else int(spe),
             resumed_batch=None,
         )
         record["recovery_s"] = time.time() - record["detected_at"]

@@ -52,9 +52,10 @@ class PSWorker(TrainWorker):
         self.timing = {"wait_s": 0.0, "compute_s": 0.0, "push_s": 0.0, "steps": 0}
 
     @surface_errors
-    def rejoin(self, step: int, generation: int) -> None:
-        """Replace a dead worker of this index: go on from its ``step``-th batch."""
-        self._engine.seek(step)
+    def rejoin(self, step: int, generation: int, offset: int) -> None:
+        """Replace a dead worker of this index: it had pushed ``step`` batches since its
+        data started at batch ``offset`` (this attempt's restored position)."""
+        self._engine.seek(offset + step)
         self.step = step
         self.generation = generation
 
