@@ -78,20 +78,18 @@ def test_backup_worker_closes_steps_without_the_straggler(local_ray):
 def test_server_checkpoint_resume_matches_the_uninterrupted_run(local_ray, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     layout = raytf.ParameterServer(workers=2, ps=2)
-    whole = fit(layout, epochs=3)
-    # Synchronous over two servers is one big batch: Keras's own fit in one process.
+    # Synchronous over two servers is one big batch: Keras's own fit in one process is the
+    # uninterrupted run.
     task = local_ray.remote(max_calls=1)(workloads.keras_reference)
     _, reference = local_ray.get(task.remote(3, BATCH))
-    for got, want in zip(whole.weights, reference, strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-4)
     first = fit(layout, epochs=2, checkpoint_dir=ckpt)
     assert sorted(os.listdir(ckpt)) == ["model.keras", "ps-0", "ps-1"]
     assert first.checkpoint and first.checkpoint.endswith("ckpt-2")
     resumed = fit(layout, epochs=3, checkpoint_dir=ckpt, resume=True)
     assert resumed.epochs_trained == 1 and resumed.global_step == 3 * STEPS
     # Weights and Adam's moments came back from the servers: the same weights as no break.
-    for got, want in zip(resumed.weights, whole.weights, strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-5)
+    for got, want in zip(resumed.weights, reference, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
 
 
 def test_worker_error_reaches_the_caller_and_everything_stops(local_ray):
