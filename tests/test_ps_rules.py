@@ -82,3 +82,14 @@ def test_staleness_summary_percentiles():
     assert (summary["p50"], summary["p90"], summary["p99"]) == (0, 1, 2)
     assert summary["histogram"] == {0: 50, 1: 40, 2: 9, 7: 1}
     assert summarize(Counter()) is None
+
+
+def test_epoch_logs_weigh_each_worker_by_the_steps_it_trained():
+    from raytf._internal.coordinator import _mean_logs
+
+    # A replacement that joined as the epoch ended trained 0 steps: its empty loss (0)
+    # must not halve the epoch's loss; validation covers the same data on each worker.
+    logs = [{"loss": 1.5, "val_loss": 1.0}, {"loss": 0.0, "val_loss": 3.0}]
+    assert _mean_logs(logs, [32, 0]) == {"loss": 1.5, "val_loss": 2.0}
+    assert _mean_logs(logs, [16, 16]) == {"loss": 0.75, "val_loss": 2.0}
+    assert _mean_logs(logs) == {"loss": 0.75, "val_loss": 2.0}  # layouts without counts

@@ -431,7 +431,7 @@ class Coordinator:
         run = self._run
         seconds = run.seconds.pop(epoch, 0.0)
         run.durations.append(seconds)
-        logs = _mean_logs([r["logs"] for r in results])
+        logs = _mean_logs([r["logs"] for r in results], [r.get("steps") for r in results])
         if seconds:
             logs["examples_per_second"] = steps * job.global_batch_size / seconds
         rates = [r["throughput"] for r in results]
@@ -762,12 +762,24 @@ def _agreed_start(infos: list[dict[str, Any]], job: Job, recovering: bool = Fals
     return starts[0]
 
 
-def _mean_logs(per_worker: list[dict[str, float]]) -> dict[str, float]:
+def _mean_logs(
+    per_worker: list[dict[str, float]], steps: Sequence[int | None] = ()
+) -> dict[str, float]:
     """The global value of each log.
 
     Under all-reduce the metric variables are read collectively, so every worker already
     reports the global value and the mean changes nothing; it is kept for layouts whose
-    workers report their own share (equal shares, so the plain mean is the global one).
+    workers report their own share. Workers that say how many steps they trained (parameter
+    servers: asynchronous shares differ, a replacement may join late or do none) weigh their
+    training logs by them; validation logs cover the same data on each and weigh equally.
     """
     keys = per_worker[0].keys()
-    return {k: sum(w[k] for w in per_worker) / len(per_worker) for k in keys}
+    plain = [1.0] * len(per_worker)
+    weights = plain
+    if steps and all(n is not None for n in steps) and sum(steps):  # type: ignore[arg-type]
+        weights = [float(n) for n in steps]  # type: ignore[arg-type]
+    out = {}
+    for k in keys:
+        w = plain if k.startswith("val_") else weights
+        out[k] = sum(x[k] * wi for x, wi in zip(per_worker, w)) / sum(w)
+    return out
