@@ -111,47 +111,48 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_one_before(local_ray, tmp
     assert resumed.epochs_trained == 2 and resumed.global_step == 3 * STEPS
 
 
-class _KillServer(raytf.Callback):
-    """SIGKILL parameter server 0 by its pid once the first epoch is done."""
+class _ServerPid(raytf.Callback):
+    """Hand parameter server 0's pid to the data hook that kills it."""
+
+    def __init__(self, path):
+        self.path = path
 
     def on_fit_start(self, run):
-        self.pid = run.servers[0]["pid"]
-        self.done = False
-
-    def on_epoch_end(self, epoch, logs):
-        if not self.done:
-            self.done = True
-            os.kill(self.pid, signal.SIGKILL)
+        with open(self.path, "w") as f:
+            f.write(str(run.servers[0]["pid"]))
 
 
 def test_parameter_server_run_restarts_a_killed_server_and_replaces_a_killed_worker(
     local_ray, undisturbed, tmp_path
 ):
-    layout = raytf.ParameterServer(workers=2, ps=2)  # synchronous: deterministic
-    policy = raytf.FailurePolicy(max_failures=2)
-    marker = str(tmp_path / "worker-killed")
-    result = fit(
-        layout,
-        # Counted by the worker process from its start: the group restarted after the
-        # server's death, so this is step 8 of epoch 3.
-        workloads.dying_data(marker, STEPS + 8, worker=1),
-        failures=policy,
-        callbacks=[_KillServer()],
-    )
-    assert os.path.exists(marker)
+    # Synchronous: deterministic. One server, so a worker's push cannot be half delivered
+    # when it dies (with several, a server that missed it closes that step without it).
+    layout = raytf.ParameterServer(workers=2, ps=1)
+    policy = raytf.FailurePolicy(max_failures=2, checkpoint_every_steps=EVERY)
+    pid_file, marker = str(tmp_path / "ps-0.pid"), str(tmp_path / "worker-killed")
+    # Worker 0's pipeline SIGKILLs server 0 at step 14 of epoch 2. In the restarted group
+    # (at epoch 2, step r), worker 1 SIGKILLs itself at step 8 of epoch 3: its count starts
+    # with its seek over r batches, so it is STEPS + 8.
+    data = workloads.server_then_worker_data(pid_file, STEPS + 14, marker, STEPS + 8)
+    result = fit(layout, data, failures=policy, callbacks=[_ServerPid(pid_file)])
+    assert os.path.exists(pid_file + ".killed") and os.path.exists(marker)
     restarted, replaced = result.failures
-    # The server's death restarted the group from the servers' epoch-1 checkpoint.
-    assert "ps-0" in restarted["error"] and restarted["action"] == "restarted the group"
-    assert restarted["restored_epoch"] == 1
+    # The server's death restarted the group from the servers' newest mid-epoch
+    # checkpoint: at most one interval redone.
+    assert "ps-0" in restarted["error"], result.failures
+    assert restarted["action"] == "restarted the group"
+    assert restarted["restored_epoch"] == 1 and restarted["restored_step"] >= EVERY
+    assert "ps-0" in restarted["restored_checkpoint"]
+    assert restarted["steps_redone"] <= EVERY
     # The worker was replaced while the servers and worker-0 ran on: nothing redone.
     assert replaced["worker"] == "worker-1" and replaced["action"] == "replaced in place"
     assert replaced["epoch"] == 2 and replaced["steps_redone"] == 0
     survivor = restarted["restarted_on"][0]["pid"]
     assert [w["pid"] for w in result.workers] == [survivor, replaced["replacement"]["pid"]]
-    assert result.steps_redone <= STEPS  # servers checkpoint per epoch: one epoch at most
     assert result.global_step == EPOCHS * STEPS
-    # The replacement went on from the dead worker's batch in the restored run's data, on
-    # the same weights, and the servers restored variables and Adam state: the same model.
+    assert len(result.history["loss"]) == EPOCHS
+    # Servers restored variables and Adam state mid-epoch, every worker's data went on from
+    # the restored step, and the replacement from the dead worker's batch: the same model.
     for got, want in zip(result.weights, undisturbed, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4)
     assert alive_actors() == []

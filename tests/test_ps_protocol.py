@@ -192,3 +192,18 @@ def test_a_replacement_rejoining_at_its_clock_releases_workers_held_at_the_bound
         assert version == 2 and s.clock == {0: 2, 1: 1}
 
     run(scenario())
+
+
+def test_a_step_the_dead_worker_pushed_only_elsewhere_closes_without_it():
+    async def scenario():
+        s = shard(2)  # this server never got worker 1's push of step 0; another did
+        await s.start_epoch(steps=4)
+        w0 = asyncio.create_task(s.push(0, 0, g(1.0), True))
+        await settle()
+        assert await s.forget(1) == 0
+        await s.rejoin(1, 1)  # the replacement goes on at batch 1
+        version, _, _ = await w0
+        assert version == 1 and s.clock == {0: 1, 1: 1}
+        np.testing.assert_array_equal(s.applied, [g(1.0)])  # worker 0's alone
+
+    run(scenario())

@@ -208,3 +208,50 @@ def dying_data(marker: str, at_step: int, worker: int = 1, sig: int = 9):
         return _on_each_example(ds, maybe_die)
 
     return fn
+
+
+def killing_data(pid_file: str, at_step: int, worker: int = 0):
+    """``data``, whose worker ``worker`` SIGKILLs the process named in ``pid_file`` (a
+    parameter server, say) when its pipeline reaches step ``at_step``, once: the file is
+    renamed to ``<pid_file>.killed``."""
+
+    def fn(ctx):
+        import os
+
+        ds = data(ctx)
+        if ctx.worker_index != worker:
+            return ds
+        at = at_step * ctx.worker_batch_size
+        seen = [0]
+
+        def maybe_kill(i):
+            seen[0] += 1
+            if seen[0] - 1 == at and os.path.exists(pid_file):
+                with open(pid_file) as f:
+                    pid = int(f.read())
+                os.rename(pid_file, pid_file + ".killed")
+                os.kill(pid, 9)
+            return i
+
+        return _on_each_example(ds, maybe_kill)
+
+    return fn
+
+
+def server_then_worker_data(pid_file: str, server_at: int, marker: str, worker_at: int):
+    """Worker 0 SIGKILLs the server named in ``pid_file`` at its step ``server_at``; in the
+    group started after that, worker 1 SIGKILLs itself at ``worker_at``, counted from its
+    process's start (its seek to the restored step counts)."""
+    kill_server = killing_data(pid_file, server_at, worker=0)
+    kill_self = dying_data(marker, worker_at, worker=1)
+
+    def fn(ctx):
+        import os
+
+        if ctx.worker_index == 0:
+            return kill_server(ctx)
+        if os.path.exists(pid_file + ".killed"):
+            return kill_self(ctx)
+        return data(ctx)
+
+    return fn

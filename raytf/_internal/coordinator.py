@@ -228,7 +228,7 @@ class Coordinator:
 
     group_class: type[WorkerGroup] = WorkerGroup
     #: Split epochs into segments with a checkpoint after each (FailurePolicy intervals).
-    #: Off where servers hold the state and end the epochs themselves.
+    #: Off for TensorFlow's parameter-server engine, which schedules whole epochs.
     mid_epoch_checkpoints: bool = True
 
     def __init__(
@@ -413,13 +413,11 @@ class Coordinator:
             run.steps_trained += stop - step
             run.rate = (stop - step) / seconds if seconds else run.rate
             if stop < steps and job.checkpoint_dir:
-                paths = group.call(
-                    "save", [(epoch, stop)] * len(group.actors), t.start_s, "checkpoint"
-                )
+                path = self._save_segment(group, epoch, stop)
                 run.checkpoint_at = (epoch * steps + stop, time.time())
-                if paths[0]:
-                    run.checkpoint = paths[0]
-                    run.steps_of[paths[0]] = steps
+                if path:
+                    run.checkpoint = path
+                    run.steps_of[path] = steps
                 if self._can_grow():  # just checkpointed: restart at the full size
                     raise _Grow()
             step = stop
@@ -670,6 +668,11 @@ class Coordinator:
     def _prepare(self, group: WorkerGroup, infos: list[dict[str, Any]]) -> int:
         """After every worker built its model: the epoch to start from."""
         return _agreed_start(infos, self._job, recovering=bool(self._run.failures))
+
+    def _save_segment(self, group: WorkerGroup, epoch: int, step: int) -> str | None:
+        """A mid-epoch checkpoint at ``step`` of ``epoch``: its path (the chief's)."""
+        args = [(epoch, step)] * len(group.actors)
+        return group.call("save", args, self.timeouts.start_s, "checkpoint")[0]
 
     def _before_epoch(self, group: WorkerGroup, epoch: int, steps: int) -> None:
         """Before the workers start ``epoch``."""

@@ -58,8 +58,10 @@ class PSGroup(WorkerGroup):
 
 
 class ParameterServerCoordinator(Coordinator):
+    """Epochs (and the segments of FailurePolicy's intervals) open and end on the servers,
+    and the servers write the checkpoints."""
+
     group_class = PSGroup
-    mid_epoch_checkpoints = False  # the servers hold the state and end the epochs
 
     def _start_strategies(self, group: PSGroup, specs: list[Any]) -> list[Any]:  # type: ignore[override]
         # Inside the start-up's try: a server that fails to come up stops every actor.
@@ -95,16 +97,28 @@ class ParameterServerCoordinator(Coordinator):
         self._connect = (group.servers, group.server_names, owner, config)
         group.call("connect", [self._connect] * len(group.actors), t.start_s, "start")
         # Servers hold the state: their checkpoints decide where training resumes.
+        steps_at = {b["start_step"] for b in built}
+        if len(steps_at) > 1:
+            raise ConfigError(
+                f"Parameter servers restored different steps {sorted(steps_at)} from "
+                f"{self._job.checkpoint_dir!r}: checkpoint_dir must be storage every node can "
+                "read, written by one run."
+            )
+        for info in infos:  # workers keep no state: where the servers are is where all are
+            info.update(start_step=built[0]["start_step"], restored=built[0]["restored"])
         return super()._prepare(group, built)
 
-    def _before_epoch(self, group: PSGroup, epoch: int, steps: int) -> None:  # type: ignore[override]
-        group.call_servers(
-            "start_epoch", [(steps,)] * len(group.servers), self.timeouts.start_s, "start"
-        )
+    def _save_segment(self, group: PSGroup, epoch: int, step: int) -> str | None:  # type: ignore[override]
+        args = [(epoch, step)] * len(group.servers)
+        return group.call_servers("save", args, self.timeouts.start_s, "checkpoint")[0]
 
     def _train(self, group: PSGroup, args: tuple, timeout_s: float) -> list[dict[str, Any]]:  # type: ignore[override]
         """Run the segment on every worker; replace a worker that dies, in place, while the
         policy allows. Any other error (a server's death, a bug) ends the attempt."""
+        _, _, _, start, stop = args
+        # The servers end the segment: its steps (x workers when applied one by one).
+        opened = [(stop - start,)] * len(group.servers)
+        group.call_servers("start_epoch", opened, self.timeouts.start_s, "start")
         refs = {a.run_epoch.remote(*args): i for i, a in enumerate(group.actors)}
         results: list[Any] = [None] * len(refs)
         deadline = time.monotonic() + timeout_s

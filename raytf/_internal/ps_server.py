@@ -139,24 +139,35 @@ class ParameterShard:
         if config.get("servers", 1) > 1:
             _check_shardable(self.optimizer, config["servers"])
         self.init_protocol(config["workers"], config["staleness"], config.get("backup_workers", 0))
-        start = self._setup_checkpoint(config.get("checkpoint_dir"), config.get("resume", False))
+        epoch, step = self._setup_checkpoint(
+            config.get("checkpoint_dir"), config.get("resume", False)
+        )
         self._snapshot_at = None
         nbytes = sum(int(v["value"].nbytes) for v in variables)
-        return {"start_epoch": start, "bytes": nbytes, "variables": len(self.names)}
+        return {
+            "start_epoch": epoch,
+            "start_step": step,
+            "restored": self.restored,
+            "bytes": nbytes,
+            "variables": len(self.names),
+        }
 
-    def _setup_checkpoint(self, directory: str | None, resume: bool) -> int:
+    def _setup_checkpoint(self, directory: str | None, resume: bool) -> tuple[int, int]:
         import tensorflow as tf
 
         self._manager = None
         self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._step = tf.Variable(0, dtype=tf.int64, trainable=False)
         self._version = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.restored: str | None = None
         if not directory:
-            return 0
+            return 0, 0
         own = self.trainable + self.extras
         ckpt = tf.train.Checkpoint(
             variables=dict(zip([_safe(n) for n in self.names], own)),
             optimizer=self.optimizer,
             epoch=self._epoch,
+            step=self._step,
             version=self._version,
         )
         path = os.path.join(directory, f"ps-{self.index}")
@@ -171,12 +182,13 @@ class ParameterShard:
                     f"{self.names} here: the sharding changed (another ps= or model). Resume "
                     "with the settings that wrote it, or use a new checkpoint_dir."
                 )
-            ckpt.restore(self._manager.latest_checkpoint).assert_existing_objects_matched()
+            self.restored = self._manager.latest_checkpoint
+            ckpt.restore(self.restored).assert_existing_objects_matched()
             self.version = int(self._version.numpy())
         os.makedirs(path, exist_ok=True)
         with open(listing, "w") as f:
             json.dump(self.names, f)
-        return int(self._epoch.numpy())
+        return int(self._epoch.numpy()), int(self._step.numpy())
 
     def init_protocol(self, workers: int, staleness: int | None, backup_workers: int) -> None:
         """The consistency state machine, apart from TensorFlow (unit-tested on its own)."""
@@ -207,7 +219,8 @@ class ParameterShard:
 
     # ------------------------------------------------------------------ epochs
     async def start_epoch(self, steps: int) -> None:
-        """Open an epoch of ``steps`` global steps (x workers when applied one by one)."""
+        """Open an epoch, or a segment of one, of ``steps`` global steps (x workers when
+        applied one by one)."""
         async with self.cond:
             per_update = 1 if self.staleness == 0 else self.workers
             self.epoch_target = self.version + steps * per_update
@@ -218,12 +231,14 @@ class ParameterShard:
         return self.epoch_target is not None and self.version >= self.epoch_target
 
     @surface_async_errors
-    async def save(self, epoch: int) -> str | None:
+    async def save(self, epoch: int, step: int | None = None) -> str | None:
+        """Checkpoint at ``step`` of ``epoch``, or (None) at its end; numbered by version."""
         if self._manager is None:
             return None
-        self._epoch.assign(epoch + 1)
+        self._epoch.assign(epoch + 1 if step is None else epoch)
+        self._step.assign(0 if step is None else step)
         self._version.assign(self.version)
-        return self._manager.save(checkpoint_number=epoch + 1)
+        return self._manager.save(checkpoint_number=self.version)
 
     # ------------------------------------------------------------------ traffic
     async def pull(self, worker: int, step: int | None) -> tuple[int, Any, bool]:
@@ -294,9 +309,15 @@ class ParameterShard:
         """A replacement for ``worker`` starts at ``clock`` batches; returns its generation.
 
         Servers may disagree by one push (the old process died between them): all take the
-        replacement's count, so the staleness bound measures the same steps everywhere.
+        replacement's count, so the staleness bound measures the same steps everywhere, and
+        a synchronous server that missed the push closes that step without it.
         """
         async with self.cond:
+            if self.staleness == 0 and self.clock[worker] < clock and not self.done():
+                # The old process pushed this step to another server, not here: its share
+                # of the open step is lost, and the step closes on the other workers'.
+                self.answered.add(worker)
+                self._maybe_close()
             self.clock[worker] = clock
             self.cond.notify_all()
             return self.generation[worker]

@@ -243,7 +243,7 @@ class TFGroup(WorkerGroup):
 
 class TFParameterServerCoordinator(Coordinator):
     group_class = TFGroup
-    mid_epoch_checkpoints = False  # the servers hold the state and end the epochs
+    mid_epoch_checkpoints = False  # TensorFlow's coordinator runs whole epochs of closures
 
     def _start_strategies(self, group: TFGroup, specs: list[Any]) -> list[Any]:  # type: ignore[override]
         """Servers first (the chief connects to them), then the chief; then only it is called."""

@@ -112,10 +112,14 @@ class PSWorker(TrainWorker):
         start: int = 0,
         stop: int | None = None,
     ) -> dict[str, Any]:
-        """Train until the servers say the epoch's global steps are done (``steps`` each for
-        synchronous training, ``steps`` x workers worker batches otherwise)."""
+        """Train until the servers say the segment's global steps (``start``..``stop`` of
+        the epoch's ``steps``; each a step of every worker in synchronous training, a worker
+        batch otherwise) are done. Metrics cover the epoch; they are read at its end."""
         eng = self._engine
-        eng.reset_metrics()
+        stop = steps if stop is None else stop
+        if start == 0:
+            eng.reset_metrics()
+            self.epoch_steps = 0
         timing = self.timing
         done_here = 0
         while True:
@@ -148,16 +152,19 @@ class PSWorker(TrainWorker):
                 timing["push_s"] += t3 - t2
                 timing["steps"] += 1
         self._drain()
-        logs = eng.read_metrics()
-        if validation_steps and eng._val_data is not None:
-            eng.assign(self._weights(self._pull(None))[0])
-            logs.update(eng.evaluate(validation_steps))
+        self.epoch_steps = getattr(self, "epoch_steps", 0) + done_here
+        logs = None
+        if stop >= steps:  # the epoch's end
+            logs = eng.read_metrics()
+            if validation_steps and eng._val_data is not None:
+                eng.assign(self._weights(self._pull(None))[0])
+                logs.update(eng.evaluate(validation_steps))
         return {
             "logs": logs,
             "throughput": eng.throughput,
             "checkpoint": None,
             "global_step": max(self.versions),
-            "steps": done_here,
+            "steps": self.epoch_steps,  # this worker's share of the epoch (weighs its logs)
         }
 
     @surface_errors
