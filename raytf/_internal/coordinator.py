@@ -12,7 +12,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import ray
@@ -451,12 +452,7 @@ class Coordinator:
                 cb.on_checkpoint(epoch, saved)
         if epoch + 1 < job.epochs and job.checkpoint_dir and self._can_grow():
             if not saved:  # the next epoch's start, so the full group goes on from here
-                group.call(
-                    "save",
-                    [(epoch + 1, 0)] * len(group.actors),
-                    self.timeouts.start_s,
-                    "checkpoint",
-                )
+                self._save_segment(group, epoch + 1, 0)
             raise _Grow()
 
     def _segment(self, steps: int) -> int:
@@ -538,10 +534,9 @@ class Coordinator:
             return False  # free resources split over nodes would stall every boundary
         missing = full.bundles()[now.num_workers :]
         free = ray.available_resources()
-        need: dict[str, float] = {}
+        need: Counter[str] = Counter()
         for bundle in missing:
-            for key, value in bundle.items():
-                need[key] = need.get(key, 0.0) + value
+            need.update(bundle)
         if any(free.get(k, 0.0) < v for k, v in need.items()):
             return False
         probe = placement_group(missing, strategy=full.placement_strategy)
@@ -552,6 +547,34 @@ class Coordinator:
         if not ready:
             self._run.probe_failed_at = time.monotonic()
         return bool(ready)
+
+    @contextlib.contextmanager
+    def _replacing(self, error: RaytfError) -> Iterator[dict[str, Any]]:
+        """Record ``error``, then replace its actor in place inside the ``with``. If that
+        fails, the record goes and ``error`` ends the attempt: a group restart, recorded so."""
+        self._failed(error)
+        try:
+            yield self._run.failures[-1]
+        except Exception:
+            self._run.failures.pop()
+            raise error from None
+
+    def _replaced(
+        self, record: dict[str, Any], row: dict[str, Any], redone: int, batch: int | None
+    ) -> None:
+        """Complete the record of an actor replaced while the rest of the group ran on."""
+        record.update(
+            action="replaced in place",
+            replacement={k: row[k] for k in ("pid", "node_ip", "node_id")},
+            partial=0,  # the segment goes on and counts its steps when it ends
+            steps_redone=redone,
+            resumed_batch=batch,
+        )
+        record["recovery_s"] = time.time() - record["detected_at"]
+        # The others kept training meanwhile (or waited at a barrier): at most this.
+        record["time_lost_s"] = record["recovery_s"]
+        for cb in self.callbacks:
+            cb.on_recovery(record)
 
     def _failed(self, exc: RaytfError) -> None:
         """Record a failure the policy tolerates; the next attempt restores a checkpoint."""

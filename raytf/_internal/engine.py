@@ -461,16 +461,16 @@ class Engine:
         raise Preempted so the driver restarts the group from exactly here."""
         name = "worker" if self.spec.num_workers == 1 else "worker-{}"
         who = ", ".join(name.format(i) for i in stopping)
-        path = self.save(epoch, step) if self._manager is not None else None
-        saved = f"checkpoint {path} written" if path else "checkpoint written"
+        path, position = None, None
         if self._manager is None:
             saved = "no checkpoint written (no checkpoint_dir)"
-        elif path is None:
-            saved += " by the chief"
+        else:
+            path, position = self.save(epoch, step), epoch * epoch_steps + step
+            saved = f"checkpoint {path} written" if path else "checkpoint written by the chief"
         raise Preempted(
             f"{who} got SIGTERM at epoch {epoch + 1}, step {step}; {saved} before exiting.",
             checkpoint=path,
-            position=epoch * epoch_steps + step if self._manager is not None else None,
+            position=position,
             worker=name.format(stopping[0]),
         )
 

@@ -144,9 +144,7 @@ class ParameterServerCoordinator(Coordinator):
     def _replace_worker(self, group: PSGroup, i: int, error: RaytfError, args: tuple) -> Any:
         """Start a new worker ``i`` against the running servers; returns its segment's ref."""
         t = self.timeouts
-        self._failed(error)
-        record = self._run.failures[-1]
-        try:
+        with self._replacing(error) as record:
             # Refuse the dead process's pushes still in flight and drop its gradient from an
             # open synchronous step first: from here nothing it sent can be applied.
             consumed = group.call_servers("forget", [(i,)] * len(group.servers), t.start_s, "start")
@@ -165,22 +163,7 @@ class ParameterServerCoordinator(Coordinator):
                 "rejoin", [(i, clock)] * len(group.servers), t.start_s, "start"
             )[0]
             call("rejoin", clock, generation, self._start_position)
-        except Exception:
-            # No replacement: the group restarts from the checkpoint, recorded as that.
-            self._run.failures.pop()
-            raise error from None
-        record.update(
-            action="replaced in place",
-            replacement={k: row[k] for k in ("pid", "node_ip", "node_id")},
-            partial=0,  # the segment goes on and counts its steps when it ends
-            steps_redone=0,
-            resumed_batch=clock,
-        )
-        record["recovery_s"] = time.time() - record["detected_at"]
-        # The others kept training meanwhile (or waited, in synchronous mode): at most this.
-        record["time_lost_s"] = record["recovery_s"]
-        for cb in self.callbacks:
-            cb.on_recovery(record)
+        self._replaced(record, row, 0, clock)
         return actor.run_epoch.remote(*args)
 
     def _after_epoch(  # type: ignore[override]

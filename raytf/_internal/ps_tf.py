@@ -318,36 +318,21 @@ class TFParameterServerCoordinator(Coordinator):
     def _restart_task(self, group: TFGroup, i: int, error: RaytfError) -> None:
         """Start worker task ``i`` again at its address; TensorFlow reconnects to it."""
         t = self.timeouts
-        self._failed(error)
-        record = self._run.failures[-1]
         with contextlib.suppress(Exception):
             ray.kill(group.tasks[i], no_restart=True)
         name = group.task_names[i]
-        try:
+        # If its address cannot be had again (the node is gone, the port taken), the group
+        # restarts with fresh addresses from the checkpoint.
+        with self._replacing(error) as record:
             task = group._spawn(TFServerTask, i, self.layout.bundles()[i], name)
             group.tasks[i] = task
             row = group.call_on([task], [name], "ready", None, t.start_s, "start")[0]
             spec = [(self._specs[i],)]
             group.call_on([task], [name], "start_strategy", spec, t.peers_s, "peers")
-        except Exception:
-            # Its address cannot be had again (the node is gone, the port taken): the group
-            # restarts with fresh addresses from the checkpoint, recorded as that.
-            self._run.failures.pop()
-            raise error from None
         self._watch[task.serve.remote()] = i
         spe = self._job.steps_per_execution
-        record.update(
-            action="replaced in place",
-            replacement={k: row[k] for k in ("pid", "node_ip", "node_id")},
-            partial=0,
-            # TensorFlow re-runs a closure the task was running: at most its K steps twice.
-            steps_redone=AUTO_STEPS_PER_EXECUTION if spe == "auto" else int(spe),
-            resumed_batch=None,
-        )
-        record["recovery_s"] = time.time() - record["detected_at"]
-        record["time_lost_s"] = record["recovery_s"]
-        for cb in self.callbacks:
-            cb.on_recovery(record)
+        # TensorFlow re-runs a closure the task was running: at most its K steps twice.
+        self._replaced(record, row, AUTO_STEPS_PER_EXECUTION if spe == "auto" else int(spe), None)
 
     def _report(self, group: TFGroup) -> dict[str, Any]:  # type: ignore[override]
         placement = group.call("placement", None, self.timeouts.start_s, "final")[0]

@@ -47,6 +47,7 @@ class PSWorker(TrainWorker):
         self.versions = [0] * len(servers)  # of the weights the current step computes on
         self.step = 0  # steps this worker has started, across epochs
         self.generation = 0  # bumped by the servers each time this worker is replaced
+        self.epoch_steps = 0  # steps this worker trained in the current epoch
         self._next: list[Any] | None = None  # refs that answer with the next step's weights
         self._acks: list[Any] = []
         self.timing = {"wait_s": 0.0, "compute_s": 0.0, "push_s": 0.0, "steps": 0}
@@ -152,7 +153,7 @@ class PSWorker(TrainWorker):
                 timing["push_s"] += t3 - t2
                 timing["steps"] += 1
         self._drain()
-        self.epoch_steps = getattr(self, "epoch_steps", 0) + done_here
+        self.epoch_steps += done_here
         logs = None
         if stop >= steps:  # the epoch's end
             logs = eng.read_metrics()
