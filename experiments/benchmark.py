@@ -1,4 +1,4 @@
-"""Benchmark one workload through bare TensorFlow, raytf's engine by hand, raytf, Ray Train.
+"""Benchmark one workload through bare TensorFlow, raytf's loop by hand, raytf, Ray Train.
 
 Every runner runs in a fresh subprocess, because TensorFlow's devices and multi-worker
 strategies can be configured only once per process, and so no runner inherits another's warm
@@ -50,16 +50,16 @@ class Runner:
 
 RUNNERS = (
     Runner("bare-tf", "bare-tf (1 dev)", False),
-    Runner("engine-towers", "engine-by-hand (towers, 2 dev)", False),
-    Runner("engine-mirrored", "engine-by-hand (mirrored, 2 dev)", False),
+    Runner("loop-towers", "loop by hand (towers, 2 dev)", False),
+    Runner("loop-mirrored", "loop by hand (mirrored, 2 dev)", False),
     # The same, in a process where Ray merely runs (idle): what Ray's daemons cost on this node.
-    Runner("engine-towers-ray", "engine-by-hand (towers) + idle Ray", True),
-    Runner("engine-mirrored-ray", "engine-by-hand (mirrored) + idle Ray", True),
+    Runner("loop-towers-ray", "loop by hand (towers) + idle Ray", True),
+    Runner("loop-mirrored-ray", "loop by hand (mirrored) + idle Ray", True),
     Runner("raytf-towers", "raytf in-graph towers", True),
     Runner("raytf-mirrored", "raytf in-graph mirrored", True),
     Runner("raytf-allreduce", "raytf all-reduce 2w", True),
     Runner("ray-train", "ray-train TensorflowTrainer 2w", True),
-    # Parameter servers, 2 workers: raytf's engine in each mode, then TensorFlow's engine.
+    # Parameter servers, 2 workers: raytf's backend in each mode, then TensorFlow's backend.
     Runner("ps-sync-1", "raytf PS sync, 1 ps", True),
     Runner("ps-sync-2", "raytf PS sync, 2 ps", True),
     Runner("ps-backup-1", "raytf PS sync + 1 backup, 1 ps", True),
@@ -68,21 +68,21 @@ RUNNERS = (
     Runner("ps-async-2", "raytf PS async, 2 ps", True),
     Runner("ps-async-1-noprefetch", "raytf PS async, 1 ps, no prefetch", True),
     Runner("ps-stale2-1-noprefetch", "raytf PS staleness 2, 1 ps, no prefetch", True),
-    Runner("ps-tf-1", "TF engine PS async, 1 ps", True),
-    Runner("ps-tf-2", "TF engine PS async, 2 ps", True),
+    Runner("ps-tf-1", "TF backend PS async, 1 ps", True),
+    Runner("ps-tf-2", "TF backend PS async, 2 ps", True),
 )
 GROUPS = {
     "core": [r.key for r in RUNNERS if not r.key.startswith("ps-")],
-    # The parameter-server table: all-reduce as the reference, then every PS engine and mode.
+    # The parameter-server table: all-reduce as the reference, then every PS backend and mode.
     "ps": ["raytf-allreduce"] + [r.key for r in RUNNERS if r.key.startswith("ps-")],
 }
 RUNNER_BY_KEY = {r.key: r for r in RUNNERS}
-# (raytf row, engine-by-hand row): the "raytf within 5% of its engine by hand" claim.
+# (raytf row, loop-by-hand row): the "raytf within 5% of its loop by hand" claim.
 PAIRS = (
-    ("raytf-towers", "engine-towers"),
-    ("raytf-mirrored", "engine-mirrored"),
-    ("raytf-towers", "engine-towers-ray"),
-    ("raytf-mirrored", "engine-mirrored-ray"),
+    ("raytf-towers", "loop-towers"),
+    ("raytf-mirrored", "loop-mirrored"),
+    ("raytf-towers", "loop-towers-ray"),
+    ("raytf-mirrored", "loop-mirrored-ray"),
 )
 
 
@@ -175,10 +175,10 @@ def _job(args: argparse.Namespace) -> Any:
 
 # ----------------------------------------------------------------------- runners (child)
 def run_bare_tf(args: argparse.Namespace) -> dict[str, Any]:
-    """The baseline: a hand-written custom loop on one device, shaped like raytf's engine.
+    """The baseline: a hand-written custom loop on one device, shaped like raytf's loop.
 
     Same data pipeline, K steps per tf.function call and a first call of one step (tracing),
-    so the only difference to the engine is what raytf adds.
+    so the only difference to the loop is what raytf adds.
     """
     import keras
     import tensorflow as tf
@@ -234,18 +234,19 @@ def run_bare_tf(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def run_engine(kind: str, args: argparse.Namespace) -> dict[str, Any]:
-    """raytf's Engine in this process, no Ray: what raytf in-graph should match within 5%."""
-    from raytf._internal.engine import run_in_process
+def run_loop(kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    """raytf's loop in this process, no Ray: what raytf in-graph should match within 5%."""
     from raytf._internal.spec import StrategySpec
+    from raytf._internal.worker.loop import run_in_process
 
     job = _job(args)
     t0 = time.time()  # TensorFlow is imported already: raytf's actors import it before fit too
-    eng, epochs = run_in_process(StrategySpec(kind=kind, devices=2), job)
+    loop, epochs = run_in_process(StrategySpec(kind=kind, devices=2), job)
     wall = time.time() - t0
+    first = loop.runner.clock.first_step_at
     return {
-        "throughput": eng.throughput,
-        "first_step_s": eng.first_step_at - t0 if eng.first_step_at else None,
+        "throughput": loop.throughput,
+        "first_step_s": first - t0 if first else None,
         "wall_s": wall,
         "loss": epochs[-1]["logs"]["loss"],
     }
@@ -278,7 +279,7 @@ def _ps_layout(key: str) -> Any:
     elif mode in ("async", "tf"):
         options["staleness"] = None
     if mode == "tf":
-        options["engine"] = "tensorflow"
+        options["backend"] = "tensorflow"
     if key.endswith("noprefetch"):
         options["prefetch_weights"] = False
     # Half a CPU per server: 2 workers + 2 servers (+ TensorFlow's chief) on num_cpus=4.
@@ -290,8 +291,8 @@ def run_raytf(layout_name: str, args: argparse.Namespace) -> dict[str, Any]:
     import raytf
 
     layouts = {
-        "towers": raytf.InGraph(devices=2, engine="towers"),
-        "mirrored": raytf.InGraph(devices=2, engine="mirrored"),
+        "towers": raytf.InGraph(devices=2, strategy="towers"),
+        "mirrored": raytf.InGraph(devices=2, strategy="mirrored"),
         "all-reduce": raytf.AllReduce(workers=2),
     }
     layout = _ps_layout(layout_name) if layout_name.startswith("ps-") else layouts[layout_name]
@@ -323,10 +324,10 @@ def run_raytf(layout_name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def _ps_details(result: Any) -> str:
     parts = []
-    rates = [w.get("steps_per_second") for w in result.workers]
+    rates = [w.steps_per_second for w in result.workers]
     if any(rates):
         parts.append("steps/s per worker " + "/".join(f"{r:.0f}" for r in rates if r))
-    timing = [w.get("timing") for w in result.workers if w.get("timing")]
+    timing = [w.timing for w in result.workers if w.timing]
     if timing:
         t = timing[0]
         steps = max(1, t["steps"])
@@ -341,23 +342,23 @@ def _ps_details(result: Any) -> str:
     if result.steps_ahead:
         parts.append(f"steps ahead max {result.steps_ahead['max']}")
     for server in result.servers:
-        if "apply_seconds" in server:
-            dropped = f", dropped {server['dropped']}" if server["dropped"] else ""
+        if server.bytes is not None:
+            dropped = f", dropped {server.dropped}" if server.dropped else ""
             parts.append(
-                f"{server['name']}: {server['bytes'] / 1e6:.2f} MB, {server['applied']} updates "
-                f"in {server['apply_seconds']:.1f}s{dropped}"
+                f"{server.name}: {server.bytes / 1e6:.2f} MB, {server.applied} updates "
+                f"in {server.apply_seconds:.1f}s{dropped}"
             )
         else:
-            parts.append(f"{server['name']}: {len(server['holds'])} variables")
+            parts.append(f"{server.name}: {len(server.holds)} variables")
     return "; ".join(parts)
 
 
 def _ray_train_loop(config: dict[str, Any]) -> None:
-    """Ray Train worker: run raytf's engine under the TF_CONFIG that Ray Train wrote."""
+    """Ray Train worker: run raytf's loop under the TF_CONFIG that Ray Train wrote."""
     import ray.train
 
-    from raytf._internal.engine import run_in_process
     from raytf._internal.spec import MULTI_WORKER, StrategySpec
+    from raytf._internal.worker.loop import run_in_process
 
     args = argparse.Namespace(**config["args"])
     rank = ray.train.get_context().get_world_rank()
@@ -371,11 +372,11 @@ def _ray_train_loop(config: dict[str, Any]) -> None:
         cluster=cluster,
         communication="auto",
     )
-    eng, epochs = run_in_process(spec, _job(args))
+    loop, epochs = run_in_process(spec, _job(args))
     out = {
         "rank": rank,
-        "throughput": eng.throughput,
-        "first_step_at": eng.first_step_at,
+        "throughput": loop.throughput,
+        "first_step_at": loop.runner.clock.first_step_at,
         "loss": epochs[-1]["logs"]["loss"],
         "pid": os.getpid(),
     }
@@ -384,7 +385,7 @@ def _ray_train_loop(config: dict[str, Any]) -> None:
 
 
 def run_ray_train(args: argparse.Namespace) -> dict[str, Any]:
-    """The peer: Ray Train's TensorflowTrainer, 2 workers, the same engine inside the loop."""
+    """The peer: Ray Train's TensorflowTrainer, 2 workers, raytf's loop in its worker function."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer  # imports TensorFlow: before the timer
 
@@ -425,10 +426,10 @@ def child_main(args: argparse.Namespace) -> None:
     runner = RUNNER_BY_KEY[args.runner]
     table: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
         "bare-tf": run_bare_tf,
-        "engine-towers": partial(run_engine, "towers"),
-        "engine-mirrored": partial(run_engine, "mirrored"),
-        "engine-towers-ray": partial(run_engine, "towers"),
-        "engine-mirrored-ray": partial(run_engine, "mirrored"),
+        "loop-towers": partial(run_loop, "towers"),
+        "loop-mirrored": partial(run_loop, "mirrored"),
+        "loop-towers-ray": partial(run_loop, "towers"),
+        "loop-mirrored-ray": partial(run_loop, "mirrored"),
         "raytf-towers": partial(run_raytf, "towers"),
         "raytf-mirrored": partial(run_raytf, "mirrored"),
         "raytf-allreduce": partial(run_raytf, "all-reduce"),

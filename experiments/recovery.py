@@ -83,7 +83,7 @@ def trial(layout_name: str, at_step: int, args: argparse.Namespace) -> dict[str,
     # (layout, victim, optimizer steps per data step: asynchronous servers count each
     # worker's batch)
     layout, victim, per_step = {
-        "in-graph": (raytf.InGraph(devices=2, engine="towers"), 0, 1),
+        "in-graph": (raytf.InGraph(devices=2, strategy="towers"), 0, 1),
         "all-reduce": (raytf.AllReduce(workers=2), 1, 1),
         "ps-sync": (raytf.ParameterServer(workers=2, ps=1), 1, 1),
         "ps-async": (raytf.ParameterServer(workers=2, ps=1, staleness=None), 1, 2),
@@ -110,15 +110,13 @@ def trial(layout_name: str, at_step: int, args: argparse.Namespace) -> dict[str,
                 killed_at = float(f.read())
     steps = args.epochs * (EXAMPLES // BATCH) * per_step
     ok = result.global_step == steps and len(result.failures) == 1 and killed_at is not None
-    failure = result.failures[0] if result.failures else {}
+    failure = result.failures[0] if result.failures else None
     return {
         "recovered": ok,
-        "detect_s": failure["detected_at"] - killed_at if ok else None,
-        "training_again_s": failure["detected_at"] + failure["recovery_s"] - killed_at
-        if ok
-        else None,
+        "detect_s": failure.detected_at - killed_at if ok else None,
+        "training_again_s": failure.detected_at + failure.recovery_s - killed_at if ok else None,
         "steps_redone": result.steps_redone,
-        "action": failure.get("action"),
+        "action": failure.action if failure else None,
         "wall_s": result.wall_time_s,
     }
 

@@ -17,16 +17,18 @@ from raytf.errors import (
     WorkerError,
 )
 from raytf.layouts import AllReduce, InGraph, Layout, ParameterServer, layout_names
+from raytf.records import FailureRecord, ResizeRecord, ServerRow, WorkerRow
 from raytf.result import FitResult
 from raytf.sweep import SweepResult, sweep
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AllReduce",
     "Callback",
     "ConfigError",
     "FailurePolicy",
+    "FailureRecord",
     "FitResult",
     "InGraph",
     "InputContext",
@@ -37,11 +39,14 @@ __all__ = [
     "Preempted",
     "ProgressLogger",
     "RaytfError",
+    "ResizeRecord",
     "RunInfo",
+    "ServerRow",
     "StartupTimeoutError",
     "SweepResult",
     "Timeouts",
     "WorkerError",
+    "WorkerRow",
     "fit",
     "layout_names",
     "plan",

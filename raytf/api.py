@@ -12,11 +12,11 @@ from typing import Any
 
 from raytf._internal.cluster import ClusterInfo, bundles_fit, cluster_from_ray_nodes
 from raytf._internal.job import Job, check_batch_split
-from raytf._internal.selection import choose_layout, default_replicas, resolve_use_gpu
+from raytf._internal.resolve import LayoutRequest
 from raytf.callbacks import Callback, ProgressLogger
 from raytf.config import FailurePolicy, Timeouts
 from raytf.errors import ConfigError, PlacementError
-from raytf.layouts import Layout, make_layout, resolve
+from raytf.layouts import Layout
 from raytf.result import FitResult
 
 
@@ -71,77 +71,57 @@ def _probe(address: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     except OSError as exc:
         raise ConfigError(
             f"No Ray cluster answers at {target} ({exc}; waited up to {timeout:g}s). Start one "
-            "(`ray start --head`, `ray up cluster.yaml`), or fix --address / RAY_ADDRESS."
+            "(`ray start --head`, `ray up cluster.yaml`), or fix --address, RAYTF_ADDRESS "
+            "or RAY_ADDRESS."
         ) from None
 
 
+def cluster_address(address: str | None = None) -> str | None:
+    """The Ray cluster raytf joins, by one rule for the API and the CLI: ``address`` (or
+    ``--address``) if given, else ``RAYTF_ADDRESS``, else ``RAY_ADDRESS`` (which Ray sets in
+    jobs), else None: a private local Ray started in this process."""
+    for value in (address, os.environ.get("RAYTF_ADDRESS"), os.environ.get("RAY_ADDRESS")):
+        if value:
+            break
+    else:
+        return None
+    if value.startswith(("http://", "https://")):
+        source = (
+            "address="
+            if value == address
+            else "RAYTF_ADDRESS"
+            if value == os.environ.get("RAYTF_ADDRESS")
+            else "RAY_ADDRESS"
+        )
+        raise ConfigError(
+            f"{source} is {value!r}, the dashboard's job-submission address, not a Ray "
+            "cluster address. To train on that cluster, submit the run as a job: `ray job "
+            f"submit --address {value} -- raytf run EXPERIMENT` (inside the job RAY_ADDRESS names "
+            "the cluster); or pass the cluster's address (host:6379, or 'auto' on one of its "
+            "nodes); or unset it to train on a private local Ray."
+        )
+    return value
+
+
 def connect(address: str | None = None) -> None:
-    """Join the Ray cluster at ``address`` ("auto" for a running one), or start a local one."""
+    """Join the Ray cluster :func:`cluster_address` names, or start a private local one. A
+    Ray this process already started (``ray.init()``) is used as it is."""
     import ray
 
     if ray.is_initialized():
         return
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if address in (None, "local"):
+    target = cluster_address(address)
+    if target in (None, "local"):
         ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
     else:
-        _probe(address)
-        ray.init(address=address, logging_level=logging.WARNING)
+        _probe(target)
+        ray.init(address=target, logging_level=logging.WARNING)
 
 
 def current_cluster() -> ClusterInfo:
     import ray
 
     return cluster_from_ray_nodes(ray.nodes())
-
-
-def _layout_for(
-    layout: str | Layout,
-    replicas: int | None,
-    use_gpu: bool | None,
-    cluster: ClusterInfo,
-    stragglers: bool = False,
-    preemptible: bool = False,
-) -> tuple[Layout, str]:
-    if isinstance(layout, Layout):
-        gpu = getattr(layout, "use_gpu", None)
-        if use_gpu is not None and gpu is not None and use_gpu != gpu:
-            raise ConfigError(
-                f"use_gpu={use_gpu} disagrees with the layout object ({layout!r}); set "
-                f"use_gpu on the layout, e.g. {type(layout).__name__}(..., use_gpu={use_gpu})."
-            )
-        if replicas is not None and replicas != layout.num_replicas:
-            raise ConfigError(
-                f"replicas={replicas} disagrees with the layout object, which runs "
-                f"{layout.num_replicas} replica(s) ({layout.describe()}); drop replicas=."
-            )
-        return layout, f"{layout.name}: chosen by the caller as {layout!r}."
-    if not isinstance(layout, str):
-        raise ConfigError(
-            f"layout must be 'auto', a layout name or a layout object, received "
-            f"{type(layout).__name__}."
-        )
-    if layout == "auto":
-        choice = choose_layout(
-            cluster,
-            replicas=replicas,
-            use_gpu=use_gpu,
-            stragglers=stragglers,
-            preemptible=preemptible,
-        )
-        cls, _ = resolve(choice.layout)
-        return cls(**choice.options), choice.explanation
-    resolve(layout)  # unknown names fail here, before the cluster is looked at
-    if replicas is not None and (
-        isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1
-    ):
-        raise ConfigError(f"replicas must be a positive integer, received {replicas!r}.")
-    gpu = resolve_use_gpu(cluster, use_gpu)
-    why = "set by the caller"
-    if replicas is None:
-        replicas, why = default_replicas(cluster, gpu)
-    chosen = make_layout(layout, replicas, gpu)
-    return chosen, f"{layout}: named by the caller; {replicas} replica(s) ({why})."
 
 
 def _cpu_knobs(layout: Layout) -> str:
@@ -171,17 +151,24 @@ def plan(
 
     Raises :class:`PlacementError` if the layout can never be placed there.
     """
+    request = LayoutRequest(
+        layout, replicas=replicas, use_gpu=use_gpu, stragglers=stragglers, preemptible=preemptible
+    )
+    return plan_request(request, cluster, address)
+
+
+def plan_request(
+    request: LayoutRequest,
+    cluster: ClusterInfo | Sequence[tuple[float, float]] | None = None,
+    address: str | None = None,
+) -> Plan:
+    """:func:`plan` for a request already made (experiment files, CLI flags, sweep trials)."""
     if cluster is None:
         connect(address)
         cluster = current_cluster()
     elif not isinstance(cluster, ClusterInfo):
         cluster = ClusterInfo.from_counts(*cluster)
-    for name, flag in (("stragglers", stragglers), ("preemptible", preemptible)):
-        if not isinstance(flag, bool):
-            raise ConfigError(f"{name} must be True or False, received {flag!r}.")
-    chosen, explanation = _layout_for(
-        layout, replicas, use_gpu, cluster, stragglers=stragglers, preemptible=preemptible
-    )
+    chosen, explanation = request.resolve(cluster)
     if not bundles_fit(chosen.bundles(), cluster):
         raise PlacementError(
             f"{chosen.describe()} needs {chosen.bundles()} but the cluster can never hold "
@@ -277,16 +264,10 @@ def fit(
             raise ConfigError(
                 f"callbacks must be raytf.Callback instances, received {type(cb).__name__}."
             )
-    if isinstance(layout, str) and layout != "auto":
-        resolve(layout)  # fail on a typo before Ray starts
-    chosen = plan(
-        layout,
-        replicas=replicas,
-        use_gpu=use_gpu,
-        address=address,
-        stragglers=stragglers,
-        preemptible=preemptible,
+    request = LayoutRequest(  # a typo fails here, before Ray starts
+        layout, replicas=replicas, use_gpu=use_gpu, stragglers=stragglers, preemptible=preemptible
     )
+    chosen = plan_request(request, address=address)
     check_batch_split(global_batch_size, chosen.layout.num_replicas)
     if (
         failures.max_failures
@@ -304,14 +285,16 @@ def fit(
     if failures.elastic:
         check_elastic(failures, chosen.layout)
 
+    from raytf._internal.runtime.controller import Controller
+
     hooks = [ProgressLogger(), *callbacks] if verbose else list(callbacks)
-    return chosen.layout.coordinator_cls()(
+    return Controller(
         chosen.layout,
         job,
         timeouts,
         chosen.explanation,
         hooks,
+        failures=failures,
         model_dir=checkpoint_dir,
         started=started,
-        failures=failures,
     ).run()

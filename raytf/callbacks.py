@@ -5,10 +5,11 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from raytf.layouts.base import Layout
+    from raytf.records import FailureRecord, ResizeRecord, ServerRow, WorkerRow
     from raytf.result import FitResult
 
 
@@ -23,12 +24,12 @@ class RunInfo:
     steps_per_epoch: int
     validation_steps: int | None
     global_batch_size: int
-    workers: tuple[dict[str, Any], ...]
+    workers: tuple[WorkerRow, ...]
     #: The checkpoint a resumed run restored, and newer ones skipped as unreadable.
     resumed_from: str | None = None
     skipped_checkpoints: tuple[str, ...] = ()
-    #: Parameter-server layouts: the server actors (name, node, pid).
-    servers: tuple[dict[str, Any], ...] = ()
+    #: Parameter-server layouts: the server actors (TensorFlow's backend: every task).
+    servers: tuple[ServerRow, ...] = ()
 
 
 class Callback:
@@ -43,16 +44,16 @@ class Callback:
     def on_checkpoint(self, epoch: int, path: str) -> None:
         pass
 
-    def on_failure(self, record: dict[str, Any]) -> None:
+    def on_failure(self, record: FailureRecord) -> None:
         """An actor died or was preempted and the failure policy allows a recovery."""
 
-    def on_recovery(self, record: dict[str, Any]) -> None:
+    def on_recovery(self, record: FailureRecord) -> None:
         """Training goes on: a new group restored a checkpoint, or (parameter servers) a
-        replacement worker joined the running servers (``record["action"]``)."""
+        replacement worker joined the running servers (``record.action``)."""
 
-    def on_resize(self, record: dict[str, Any]) -> None:
-        """An elastic run changed its worker count (``record["from_workers"]`` to
-        ``record["to_workers"]``); training goes on from the newest checkpoint."""
+    def on_resize(self, record: ResizeRecord) -> None:
+        """An elastic run changed its worker count (``record.from_workers`` to
+        ``record.to_workers``); training goes on from the newest checkpoint."""
 
     def on_fit_end(self, result: FitResult) -> None:
         pass
@@ -78,8 +79,7 @@ class ProgressLogger(Callback):
         self._print(f"raytf: why: {run.explanation}")
         for w in run.workers:
             self._print(
-                f"raytf:   {w['name']} on {w['node_ip']} pid {w['pid']}: "
-                f"{len(w['devices'])} x {w['device_kind']}"
+                f"raytf:   {w.name} on {w.node_ip} pid {w.pid}: {len(w.devices)} x {w.device_kind}"
             )
         if run.resumed_from:
             self._print(f"raytf: resumed from {run.resumed_from}")
@@ -106,41 +106,41 @@ class ProgressLogger(Callback):
     def on_checkpoint(self, epoch: int, path: str) -> None:
         self._print(f"raytf: checkpoint {path}")
 
-    def on_failure(self, record: dict[str, Any]) -> None:
-        first, stop = record["segment"]
+    def on_failure(self, record: FailureRecord) -> None:
+        first, stop = record.segment
         where = f"steps {first}-{stop}" if stop > first else f"between steps, at step {first}"
         self._print(
-            f"raytf: failure {record['failure']}: {record['worker'] or 'an actor'} "
-            f"{record['reason']} in epoch {record['epoch'] + 1}, {where} "
-            f"({record['error'][:160]})"
+            f"raytf: failure {record.failure}: {record.worker or 'an actor'} "
+            f"{record.reason} in epoch {record.epoch + 1}, {where} ({record.error[:160]})"
         )
 
-    def on_recovery(self, record: dict[str, Any]) -> None:
-        if record.get("action") == "replaced in place":
-            batch = record.get("resumed_batch")
+    def on_recovery(self, record: FailureRecord) -> None:
+        if record.action == "replaced in place":
+            batch = record.resumed_batch
             where = f" from its batch {batch}" if batch is not None else ""
+            pid = (record.replacement or {}).get("pid")
             self._print(
-                f"raytf: recovered: {record['worker']} replaced in place (pid "
-                f"{record['replacement']['pid']}), going on{where} against the running "
-                f"servers; training again {record['recovery_s']:.1f}s after the failure"
+                f"raytf: recovered: {record.worker} replaced in place (pid {pid}), going "
+                f"on{where} against the running servers; training again "
+                f"{record.recovery_s or 0:.1f}s after the failure"
             )
             self._last = time.perf_counter()
             return
-        restored = record["restored_checkpoint"] or "no checkpoint (from the start)"
-        skipped = record["skipped_checkpoints"]
+        restored = record.restored_checkpoint or "no checkpoint (from the start)"
+        skipped = record.skipped_checkpoints
         self._print(
-            f"raytf: recovered: restored {restored} (epoch {record['restored_epoch'] + 1}, "
-            f"step {record['restored_step']})"
+            f"raytf: recovered: restored {restored} (epoch {(record.restored_epoch or 0) + 1}, "
+            f"step {record.restored_step})"
             + (f", skipping {len(skipped)} unreadable" if skipped else "")
-            + f"; training again {record['recovery_s']:.1f}s after the failure, "
-            f"at most {record['steps_redone']} step(s) redone"
+            + f"; training again {record.recovery_s or 0:.1f}s after the failure, "
+            f"at most {record.steps_redone} step(s) redone"
         )
         self._last = time.perf_counter()
 
-    def on_resize(self, record: dict[str, Any]) -> None:
+    def on_resize(self, record: ResizeRecord) -> None:
         self._print(
-            f"raytf: elastic: {record['from_workers']} -> {record['to_workers']} worker(s) "
-            f"({record['reason']}), global batch {record['global_batch_size']}"
+            f"raytf: elastic: {record.from_workers} -> {record.to_workers} worker(s) "
+            f"({record.reason}), global batch {record.global_batch_size}"
         )
 
     def on_fit_end(self, result: FitResult) -> None:

@@ -10,6 +10,11 @@ from typing import Any
 
 from raytf.errors import RaytfError, WorkerError
 
+ADDRESS_HELP = (
+    "Ray address: 'auto' for a running cluster on this machine, or host:port. Default: "
+    "$RAYTF_ADDRESS, else $RAY_ADDRESS, else a private local Ray inside this process"
+)
+
 
 def _nodes(text: str) -> Any:
     """``--nodes 8:4,8:4`` -> a hypothetical cluster of (cpus, gpus) nodes."""
@@ -78,9 +83,14 @@ def _layout_flags(parser: argparse.ArgumentParser) -> None:
         help="devices per actor (in-graph: all of them; all-reduce: per worker)",
     )
     parser.add_argument(
-        "--engine",
-        choices=["auto", "towers", "mirrored", "ray", "tensorflow"],
-        help="in-graph: towers or mirrored; parameter-server: ray or tensorflow",
+        "--strategy",
+        choices=["auto", "towers", "mirrored"],
+        help="in-graph: one tower per device in one graph, or MirroredStrategy",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "ray", "tensorflow"],
+        help="parameter-server: raytf's own (every mode) or TensorFlow's (asynchronous)",
     )
     parser.add_argument(
         "--stragglers",
@@ -95,12 +105,7 @@ def _layout_flags(parser: argparse.ArgumentParser) -> None:
         help="auto: workers may vanish (spot instances)",
     )
     _gpu_flag(parser)
-    parser.add_argument(
-        "--address",
-        default=os.environ.get("RAYTF_ADDRESS"),
-        help="Ray address: 'auto' for a running cluster; default: start a "
-        "local Ray inside this process",
-    )
+    parser.add_argument("--address", help=ADDRESS_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,15 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--storage", help="results directory (default ./raytf-sweeps)")
     swp.add_argument("--name", help="sweep name (default sweep-<time>)")
     swp.add_argument("--epochs", type=int)
-    swp.add_argument("--address", default=os.environ.get("RAYTF_ADDRESS"))
+    swp.add_argument("--address", help=ADDRESS_HELP)
     swp.add_argument("--quiet", action="store_true", help="no live Tune progress")
 
     doc = sub.add_parser("doctor", help="check versions, GPUs, the cluster and node-to-node TCP")
-    doc.add_argument(
-        "--address",
-        default=os.environ.get("RAYTF_ADDRESS"),
-        help="Ray address ('auto' for a running cluster); default: a local Ray",
-    )
+    doc.add_argument("--address", help=ADDRESS_HELP)
     doc.add_argument("--timeout", type=float, default=60.0, help="seconds per check")
 
     sub.add_parser("layouts", help="list the registered layout names")
@@ -200,7 +201,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "ps",
         "staleness",
         "backup_workers",
-        "engine",
+        "strategy",
+        "backend",
         "stragglers",
         "preemptible",
         "use_gpu",
@@ -220,7 +222,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     import raytf
-    from raytf._internal.experiment import Experiment, load_experiment, placement_args
+    from raytf._internal.experiment import Experiment, load_experiment
+    from raytf._internal.resolve import LayoutRequest
 
     if args.experiment:
         experiment = load_experiment(args.experiment)
@@ -232,7 +235,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     else:
         raytf.api.connect(args.address)
         cluster = raytf.api.current_cluster()
-    print(raytf.plan(**placement_args(config, cluster), cluster=cluster))
+    print(raytf.api.plan_request(LayoutRequest.from_config(config), cluster))
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from raytf._internal.checks import positive_int, positive_number
 from raytf.errors import ConfigError
 
 FIRST_EPOCH_LIMIT_S = 24 * 3600.0
@@ -40,13 +41,12 @@ class Timeouts:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None and f.name == "epoch_s":
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(
-                    f"Timeouts.{f.name} must be a positive number of seconds, received {value!r}."
-                )
+            positive_number(
+                f"Timeouts.{f.name}",
+                getattr(self, f.name),
+                "It counts seconds.",
+                allow_none=f.name == "epoch_s",
+            )
 
 
 @dataclass(frozen=True)
@@ -91,38 +91,30 @@ class FailurePolicy:
             raise ConfigError(
                 f"FailurePolicy.max_failures must be an integer >= 0, received {m!r}."
             )
-        n = self.checkpoint_every_steps
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ConfigError(
-                f"FailurePolicy.checkpoint_every_steps must be a positive integer or None, "
-                f"received {n!r}."
-            )
-        s = self.checkpoint_every_s
-        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or s <= 0):
-            raise ConfigError(
-                f"FailurePolicy.checkpoint_every_s must be a positive number of seconds or "
-                f"None, received {s!r}."
-            )
+        positive_int(
+            "FailurePolicy.checkpoint_every_steps",
+            self.checkpoint_every_steps,
+            "It counts training steps.",
+            allow_none=True,
+        )
+        positive_number(
+            "FailurePolicy.checkpoint_every_s",
+            self.checkpoint_every_s,
+            "It counts seconds.",
+            allow_none=True,
+        )
         w = self.min_workers
-        if w is not None:
-            if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-                raise ConfigError(
-                    f"FailurePolicy.min_workers must be a positive integer or None (not "
-                    f"elastic), received {w!r}."
-                )
-            if m < 1:
-                raise ConfigError(
-                    f"FailurePolicy(min_workers={w}) shrinks the job after a failure, but "
-                    f"max_failures={m} allows none; pass max_failures=1 or more."
-                )
+        positive_int("FailurePolicy.min_workers", w, "None means not elastic.", allow_none=True)
+        if w is not None and m < 1:
+            raise ConfigError(
+                f"FailurePolicy(min_workers={w}) shrinks the job after a failure, but "
+                f"max_failures={m} allows none; pass max_failures=1 or more."
+            )
         if self.elastic_batch not in ELASTIC_BATCH:
             raise ConfigError(
                 f"FailurePolicy.elastic_batch must be one of {list(ELASTIC_BATCH)}, received "
                 f"{self.elastic_batch!r}."
             )
-        r = self.replace_within_s
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or r <= 0:
-            raise ConfigError(
-                f"FailurePolicy.replace_within_s must be a positive number of seconds, "
-                f"received {r!r}."
-            )
+        positive_number(
+            "FailurePolicy.replace_within_s", self.replace_within_s, "It counts seconds."
+        )

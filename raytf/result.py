@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from raytf.layouts.base import Layout
+    from raytf.records import FailureRecord, ResizeRecord, ServerRow, WorkerRow
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,9 @@ class FitResult:
     weights: list[np.ndarray] = field(repr=False)
     model_path: str | None
     checkpoint: str | None
-    workers: list[dict[str, Any]] = field(repr=False)
+    workers: list[WorkerRow] = field(repr=False)
     #: Parameter-server layouts: each server's load (pushes, pulls, bytes, busy seconds).
-    servers: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    servers: list[ServerRow] = field(default_factory=list, repr=False)
     #: Parameter-server layouts: how stale the applied gradients were (in versions of the
     #: server's weights) and how far workers ran ahead of the slowest (in steps), as
     #: ``{"histogram": {value: count}, "p50": ..., "p90": ..., "p99": ..., "max": ...}``.
@@ -43,7 +44,7 @@ class FitResult:
     steps_ahead: dict[str, Any] | None = None
     #: One record per failure recovered from (see FailurePolicy): who, why, where, the
     #: checkpoint restored, ``steps_redone`` (at most), ``recovery_s`` and ``time_lost_s``.
-    failures: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    failures: list[FailureRecord] = field(default_factory=list, repr=False)
     #: Training steps executed by this call, redone ones included.
     steps_trained: int = 0
     #: Steps trained twice because of failures (an upper bound: a worker that died mid-way
@@ -54,7 +55,7 @@ class FitResult:
     #: The checkpoint a ``resume=True`` run started from (newer unreadable ones skipped).
     resumed_from: str | None = None
     #: Elastic runs: each change of worker count (from, to, why, at which step, the batch).
-    resizes: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    resizes: list[ResizeRecord] = field(default_factory=list, repr=False)
 
     def load_model(self, **kwargs: Any) -> Any:
         """The final model as a ``keras.Model``, read from :attr:`model_path`."""

@@ -52,7 +52,7 @@ class _TuneReport(Callback):
         # What the trial reserved and what its actors got, for the summary and the tests.
         self.resources = {
             "actors": len(run.workers),
-            "gpus_assigned": sum(len(w["gpu_ids"]) for w in run.workers),
+            "gpus_assigned": sum(len(w.gpu_ids) for w in run.workers),
             "reserved_cpus": sum(b.get("CPU", 0) for b in bundles),
             "reserved_gpus": sum(b.get("GPU", 0) for b in bundles),
         }
@@ -135,12 +135,12 @@ def _trial_resources(config: Mapping[str, Any], spec: _Spec, cluster: Any) -> An
     """The trial's placement group: an empty head bundle plus its layout's bundles."""
     from ray import tune
 
-    from raytf._internal.experiment import placement_args
-    from raytf.api import plan
+    from raytf._internal.resolve import LayoutRequest
+    from raytf.api import plan_request
 
     merged = merge_config(spec.experiment.config, config, spec.model_params)
     try:
-        chosen = plan(**placement_args(merged, cluster), cluster=cluster)
+        chosen = plan_request(LayoutRequest.from_config(merged), cluster)
     except (PlacementError, ConfigError):
         # Never fits: a token reservation, so the trial starts and reports why at once.
         return tune.PlacementGroupFactory([{"CPU": 0.01}])
@@ -204,7 +204,7 @@ def sweep(
 ) -> SweepResult:
     """Run one Tune trial per configuration in ``space`` and rank them.
 
-    ``space`` maps raytf settings (``layout``, ``workers``, ``devices``, ``engine``,
+    ``space`` maps raytf settings (``layout``, ``workers``, ``devices``, ``strategy``,
     ``global_batch_size``, ...) and parameters of your model builder (``lr``, ...) to values or
     Tune search primitives (``tune.grid_search``, ``tune.choice``, ...). ``metric`` is
     ``"throughput"`` (examples/s), any per-epoch log such as ``"val_accuracy"``, or

@@ -64,7 +64,15 @@ def test_yaml_with_an_unknown_key(tmp_path):
 
 def test_replicas_with_shaping_flags():
     out = raytf(
-        "plan", "--nodes", "8:0", "--layout", "in-graph", "--engine", "mirrored", "--replicas", "4"
+        "plan",
+        "--nodes",
+        "8:0",
+        "--layout",
+        "in-graph",
+        "--strategy",
+        "mirrored",
+        "--replicas",
+        "4",
     )
     assert out.returncode == 0, out.stderr
     assert "in-graph (mirrored): 1 actor x 4 logical CPU device(s)" in out.stdout
@@ -138,15 +146,15 @@ def test_plan_picks_parameter_servers_when_they_pay():
     nodes = ",".join(["4:1"] * 4 + ["8:0"] * 4)
     out = raytf("plan", "--nodes", nodes)
     assert out.returncode == 0, out.stderr
-    assert "parameter-server (sync, engine ray): 4 GPU worker(s) + 4 server(s)" in out.stdout
+    assert "parameter-server (sync, backend ray): 4 GPU worker(s) + 4 server(s)" in out.stdout
     out = raytf("plan", "--nodes", "4:1,4:1", "--stragglers")
-    assert "parameter-server (sync, 1 backup, engine ray)" in out.stdout, out.stderr
+    assert "parameter-server (sync, 1 backup, backend ray)" in out.stdout, out.stderr
     out = raytf(
         "plan", "--nodes", "8:0", "--layout", "parameter-server", "--workers", "2",
-        "--staleness", "async", "--engine", "tensorflow",
+        "--staleness", "async", "--backend", "tensorflow",
     )  # fmt: skip
     assert (
-        "parameter-server (async, engine tensorflow): 2 CPU worker(s) + 1 server(s)" in out.stdout
+        "parameter-server (async, backend tensorflow): 2 CPU worker(s) + 1 server(s)" in out.stdout
     )
     out = raytf("plan", "--nodes", "8:0", "--layout", "parameter-server", "--staleness", "often")
     assert out.returncode == 2 and "expected 0 (synchronous), a number of steps k" in out.stderr
@@ -163,7 +171,7 @@ def test_run_parameter_server_experiment(tmp_path):
         "targets: {test_accuracy: 0.85}\n"
     )
     out = raytf("run", str(exp))
-    expected = "parameter-server (async, engine ray): 2 CPU worker(s) + 1 server(s)"
+    expected = "parameter-server (async, backend ray): 2 CPU worker(s) + 1 server(s)"
     assert expected in out.stdout, out.stderr[-2000:]
     assert "epoch 12/12" in out.stdout
     assert out.returncode == 0 and "targets met: test_accuracy" in out.stdout, out.stderr[-2000:]

@@ -34,6 +34,7 @@ def test_public_api_is_small_and_explicit():
         "Callback",
         "ConfigError",
         "FailurePolicy",
+        "FailureRecord",
         "FitResult",
         "InGraph",
         "InputContext",
@@ -44,11 +45,14 @@ def test_public_api_is_small_and_explicit():
         "Preempted",
         "ProgressLogger",
         "RaytfError",
+        "ResizeRecord",
         "RunInfo",
+        "ServerRow",
         "StartupTimeoutError",
         "SweepResult",
         "Timeouts",
         "WorkerError",
+        "WorkerRow",
         "fit",
         "layout_names",
         "plan",
@@ -87,7 +91,10 @@ def test_batch_that_cannot_split_says_what_to_use():
     [
         (lambda: raytf.AllReduce(workers=0), "workers must be a positive integer, received 0"),
         (lambda: raytf.InGraph(devices=0), "devices must be a positive integer, received 0"),
-        (lambda: raytf.InGraph(engine="fast"), "unknown engine 'fast'"),
+        (lambda: raytf.InGraph(strategy="fast"), "unknown strategy 'fast'"),
+        (lambda: raytf.InGraph(engine="mirrored"), "engine='mirrored' was renamed: pass strategy="),
+        (lambda: raytf.ParameterServer(engine="ray"), "renamed: pass backend='ray'"),
+        (lambda: raytf.InGraph(cpus_per_worker=0), "cpus_per_worker must be a positive number"),
         (lambda: raytf.AllReduce(communication="nccl"), "needs GPUs"),
         (lambda: raytf.AllReduce(devices=2), "one CPU device per worker"),
         (lambda: raytf.Timeouts(peers_s=0), "peers_s must be a positive number"),
@@ -151,13 +158,9 @@ def test_epoch_timeout_adapts_to_the_epochs_seen():
     ],
 )
 def test_elastic_sizes_and_batches(mode, batch, sizes, batches):
-    from raytf._internal.coordinator import Coordinator
-    from raytf._internal.job import Job
+    from raytf._internal.runtime.elastic import Sizing
 
-    job = Job(model_fn=lambda: None, data_fn=lambda ctx: None, global_batch_size=batch)
     policy = raytf.FailurePolicy(max_failures=1, min_workers=1, elastic_batch=mode)
-    coordinator = Coordinator(
-        raytf.AllReduce(workers=4), job, raytf.Timeouts(), "", failures=policy
-    )
-    assert [n for n in range(4, 0, -1) if coordinator._fits(n)] == sizes
-    assert [coordinator._batch_for(n) for n in sizes] == batches
+    sizing = Sizing(policy, full=4, devices=1, global_batch_size=batch)
+    assert sizing.sizes() == sizes
+    assert [sizing.batch_for(n) for n in sizes] == batches

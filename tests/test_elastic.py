@@ -67,21 +67,21 @@ def test_all_reduce_shrinks_when_a_node_is_lost_and_grows_back(cluster, tmp_path
     policy = raytf.FailurePolicy(max_failures=1, min_workers=1, replace_within_s=3)
     result = fit([_NodeLifecycle(cluster)], policy, tmp_path)
     (failure,) = result.failures
-    assert failure["action"] == "restarted the group" and failure["restored_epoch"] == 1
+    assert failure.action == "restarted the group" and failure.restored_epoch == 1
     shrink, grow = result.resizes
-    assert (shrink["from_workers"], shrink["to_workers"]) == (2, 1)
-    assert shrink["reason"] == "replacements unavailable"
-    assert (grow["from_workers"], grow["to_workers"]) == (1, 2)
-    assert grow["reason"] == "resources returned" and grow["position"] == 2 * STEPS
+    assert (shrink.from_workers, shrink.to_workers) == (2, 1)
+    assert shrink.reason == "replacements unavailable"
+    assert (grow.from_workers, grow.to_workers) == (1, 2)
+    assert grow.reason == "resources returned" and grow.position == 2 * STEPS
     # The global batch stayed 32, so every epoch had its 16 steps. The death was noticed in
     # the next epoch's first segment, which counts as redone at most (an upper bound).
-    assert shrink["global_batch_size"] == grow["global_batch_size"] == BATCH
+    assert shrink.global_batch_size == grow.global_batch_size == BATCH
     assert result.global_step == EPOCHS * STEPS and result.steps_redone <= STEPS
     assert result.steps_trained == EPOCHS * STEPS + result.steps_redone
     assert len(result.history["loss"]) == EPOCHS
     assert result.history["loss"][-1] < result.history["loss"][0]
     assert result.layout == raytf.AllReduce(workers=2) and len(result.workers) == 2
-    assert len({w["node_id"] for w in result.workers}) == 2
+    assert len({w.node_id for w in result.workers}) == 2
     assert alive_actors() == []
 
 

@@ -10,9 +10,8 @@ import workloads
 from conftest import alive_actors
 
 import raytf
-from raytf._internal.coordinator import Coordinator, WorkerGroup
 from raytf._internal.job import Job
-from raytf._internal.worker import BIND_FAILURE
+from raytf._internal.runtime.controller import Controller
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -116,49 +115,11 @@ class _PhantomPeer(raytf.AllReduce):
 
 def test_missing_peer_fails_within_the_timeout():
     job = Job(model_fn=workloads.mlp, data_fn=workloads.data, global_batch_size=64)
-    coordinator = Coordinator(
+    controller = Controller(
         _PhantomPeer(workers=2), job, raytf.Timeouts(peers_s=5), "test: a phantom third worker"
     )
     with pytest.raises(raytf.StartupTimeoutError, match="did not finish 'peers' within 5s"):
-        coordinator.run()
-
-
-class _FlakyPorts(WorkerGroup):
-    """A group whose TensorFlow servers lose their ports: no actors, real coordinator logic."""
-
-    binds_lost = 2
-    attempts: list[int] = []
-    shutdowns: list[int] = []
-
-    def spawn(self):
-        pass
-
-    def call(self, method, args, timeout_s, phase):
-        n = self.layout.num_workers
-        if method == "ready":
-            return [{"name": f"worker-{i}"} for i in range(n)]
-        if method == "reserve_address":
-            return [f"127.0.0.1:{5000 + i}" for i in range(n)]
-        self.attempts.append(1)
-        if len(self.attempts) <= self.binds_lost:
-            raise raytf.WorkerError(f"worker-1 failed: UnknownError: {BIND_FAILURE}")
-        raise raytf.WorkerError("stop: the retry got this far")
-
-    def shutdown(self):
-        self.shutdowns.append(1)
-
-
-@pytest.mark.parametrize(("lost", "message"), [(2, "stop: the retry"), (5, BIND_FAILURE)])
-def test_lost_ports_are_retried_with_a_fresh_group(lost, message):
-    _FlakyPorts.binds_lost, _FlakyPorts.attempts, _FlakyPorts.shutdowns = lost, [], []
-    job = Job(model_fn=workloads.mlp, data_fn=workloads.data, global_batch_size=64)
-    coordinator = Coordinator(
-        raytf.AllReduce(workers=2), job, raytf.Timeouts(), "test", group_cls=_FlakyPorts
-    )
-    with pytest.raises(raytf.WorkerError, match=message):
-        coordinator.run()
-    # three attempts at most, and every attempt's group was torn down
-    assert len(_FlakyPorts.attempts) == 3 and len(_FlakyPorts.shutdowns) == 3
+        controller.run()
 
 
 def test_optimizer_and_metric_objects_are_rebuilt_inside_the_scope():

@@ -22,7 +22,7 @@ EVERY = 4  # steps between checkpoints
 # kill fires) runs a few batches ahead of training.
 
 LAYOUTS = {
-    "in-graph": (raytf.InGraph(devices=2, engine="towers"), 0),
+    "in-graph": (raytf.InGraph(devices=2, strategy="towers"), 0),
     "all-reduce": (raytf.AllReduce(workers=2), 1),
 }
 
@@ -49,14 +49,14 @@ def test_sigkill_mid_epoch_recovers_and_finishes_every_step(local_ray, undisturb
     result = fit(layout, workloads.dying_data(marker, at_step, worker=victim), failures=policy)
     assert os.path.exists(marker)  # the process really was killed
     (failure,) = result.failures
-    assert failure["reason"] == "died" and failure["epoch"] == 1
-    assert failure["worker"] == ("worker" if victim == 0 and name == "in-graph" else "worker-1")
+    assert failure.reason == "died" and failure.epoch == 1
+    assert failure.worker == ("worker" if victim == 0 and name == "in-graph" else "worker-1")
     # Every requested step was trained, and no more than one checkpoint interval twice.
     assert result.global_step == EPOCHS * STEPS
     # (0 when the kill landed between segments: the data pipeline runs ahead of training.)
     assert 0 <= result.steps_redone <= EVERY
     assert result.steps_trained == EPOCHS * STEPS + result.steps_redone
-    assert failure["recovery_s"] > 0 and result.time_lost_s >= failure["recovery_s"]
+    assert failure.recovery_s > 0 and result.time_lost_s >= failure.recovery_s
     # Restored weights, optimizer state and data position: the same model as no failure.
     for got, want in zip(result.weights, undisturbed, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4)
@@ -86,13 +86,13 @@ def test_sigterm_checkpoints_before_the_worker_goes(local_ray, undisturbed, tmp_
         steps_per_execution=1,
     )
     (failure,) = result.failures
-    assert failure["reason"] == "preempted" and "SIGTERM" in failure["error"]
-    assert failure["worker"] == ("worker" if name == "in-graph" else "worker-1")
+    assert failure.reason == "preempted" and "SIGTERM" in failure.error
+    assert failure.worker == ("worker" if name == "in-graph" else "worker-1")
     # The workers wrote a checkpoint where they stopped (under all-reduce they agreed on the
     # step first), and training went on from exactly it.
-    restored = failure["restored_checkpoint"]
+    restored = failure.restored_checkpoint
     assert restored and os.path.exists(restored + ".index")
-    assert failure["restored_epoch"] == 1 and 0 < failure["restored_step"] < STEPS
+    assert failure.restored_epoch == 1 and 0 < failure.restored_step < STEPS
     assert result.steps_redone == 0 and result.global_step == EPOCHS * STEPS
     for got, want in zip(result.weights, undisturbed, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4)
@@ -119,7 +119,7 @@ class _ServerPid(raytf.Callback):
 
     def on_fit_start(self, run):
         with open(self.path, "w") as f:
-            f.write(str(run.servers[0]["pid"]))
+            f.write(str(run.servers[0].pid))
 
 
 def test_parameter_server_run_restarts_a_killed_server_and_replaces_a_killed_worker(
@@ -139,16 +139,16 @@ def test_parameter_server_run_restarts_a_killed_server_and_replaces_a_killed_wor
     restarted, replaced = result.failures
     # The server's death restarted the group from the servers' newest mid-epoch
     # checkpoint: at most one interval redone.
-    assert "ps-0" in restarted["error"], result.failures
-    assert restarted["action"] == "restarted the group"
-    assert restarted["restored_epoch"] == 1 and restarted["restored_step"] >= EVERY
-    assert "ps-0" in restarted["restored_checkpoint"]
-    assert restarted["steps_redone"] <= EVERY
+    assert "ps-0" in restarted.error, result.failures
+    assert restarted.action == "restarted the group"
+    assert restarted.restored_epoch == 1 and restarted.restored_step >= EVERY
+    assert "ps-0" in restarted.restored_checkpoint
+    assert restarted.steps_redone <= EVERY
     # The worker was replaced while the servers and worker-0 ran on: nothing redone.
-    assert replaced["worker"] == "worker-1" and replaced["action"] == "replaced in place"
-    assert replaced["epoch"] == 2 and replaced["steps_redone"] == 0
-    survivor = restarted["restarted_on"][0]["pid"]
-    assert [w["pid"] for w in result.workers] == [survivor, replaced["replacement"]["pid"]]
+    assert replaced.worker == "worker-1" and replaced.action == "replaced in place"
+    assert replaced.epoch == 2 and replaced.steps_redone == 0
+    survivor = restarted.restarted_on[0]["pid"]
+    assert [w.pid for w in result.workers] == [survivor, replaced.replacement["pid"]]
     assert result.global_step == EPOCHS * STEPS
     assert len(result.history["loss"]) == EPOCHS
     # Servers restored variables and Adam state mid-epoch, every worker's data went on from
@@ -168,12 +168,12 @@ def test_asynchronous_parameter_servers_train_on_while_a_worker_is_replaced(loca
     )
     assert os.path.exists(marker)
     (failure,) = result.failures
-    assert failure["action"] == "replaced in place" and failure["steps_redone"] == 0
+    assert failure.action == "replaced in place" and failure.steps_redone == 0
     # Every worker batch of every epoch was applied or dropped once: none twice.
     (server,) = result.servers
-    assert result.global_step == EPOCHS * STEPS * 2 == server["applied"]
+    assert result.global_step == EPOCHS * STEPS * 2 == server.applied
     # Worker-0 did the dead worker's share while the replacement started: more than half.
-    steps = [w["timing"]["steps"] for w in result.workers]
+    steps = [w.timing["steps"] for w in result.workers]
     assert steps[0] > EPOCHS * STEPS > steps[1], steps
     assert alive_actors() == []
 
@@ -185,7 +185,7 @@ class _KillTasks(raytf.Callback):
         self.plan = plan
 
     def on_fit_start(self, run):
-        self.pids = {row["name"]: row["pid"] for row in run.servers}
+        self.pids = {row.name: row.pid for row in run.servers}
 
     def on_epoch_end(self, epoch, logs):
         if epoch in self.plan:
@@ -194,7 +194,7 @@ class _KillTasks(raytf.Callback):
 
 def test_tensorflow_engine_restarts_lost_tasks(local_ray):
     layout = raytf.ParameterServer(
-        workers=2, ps=1, staleness=None, engine="tensorflow", cpus_per_ps=0.5
+        workers=2, ps=1, staleness=None, backend="tensorflow", cpus_per_ps=0.5
     )
     epochs = 4
     # Both original workers are gone by epoch 3: it trains only if TensorFlow took the
@@ -207,13 +207,13 @@ def test_tensorflow_engine_restarts_lost_tasks(local_ray):
         callbacks=[kills],
         timeouts=raytf.Timeouts(epoch_s=120),  # a task TensorFlow never took back: fail
     )
-    actions = [(f["worker"], f["action"]) for f in result.failures]
+    actions = [(f.worker, f.action) for f in result.failures]
     assert actions == [
         ("worker-1", "replaced in place"),
         ("worker-0", "replaced in place"),
         ("ps-0", "restarted the group"),
     ], result.failures
-    assert result.failures[2]["restored_epoch"] == 3  # the chief's checkpoint after epoch 3
+    assert result.failures[2].restored_epoch == 3  # the chief's checkpoint after epoch 3
     # Killed between epochs, so no closure was cut short: one step per worker batch.
     assert result.global_step == epochs * 2 * STEPS, result.failures
     assert len(result.history["loss"]) == epochs

@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 EPOCHS, BATCH = 3, 64
 
 LAYOUTS = {
-    "towers": raytf.InGraph(devices=2, engine="towers"),
-    "mirrored": raytf.InGraph(devices=2, engine="mirrored"),
+    "towers": raytf.InGraph(devices=2, strategy="towers"),
+    "mirrored": raytf.InGraph(devices=2, strategy="mirrored"),
     "all-reduce": raytf.AllReduce(workers=2),
     # Synchronous parameter servers average both workers' gradients: the same big batch.
     "ps-sync": raytf.ParameterServer(workers=2, ps=1),
@@ -72,9 +72,9 @@ def test_all_reduce_replicas_hold_identical_weights(local_ray):
         replicas=2,
         verbose=False,
     )
-    prints = {w["fingerprint"] for w in result.workers}
+    prints = {w.fingerprint for w in result.workers}
     assert len(result.workers) == 2 and len(prints) == 1
-    assert {w["name"] for w in result.workers} == {"worker-0", "worker-1"}
+    assert {w.name for w in result.workers} == {"worker-0", "worker-1"}
 
 
 def test_dict_inputs_and_outputs_under_towers(local_ray):
@@ -113,7 +113,7 @@ def test_auto_on_one_cpu_node_picks_in_graph_and_says_why(local_ray):
     result = raytf.fit(
         workloads.mlp, workloads.data, global_batch_size=BATCH, epochs=1, verbose=False
     )
-    assert result.layout == raytf.InGraph(devices=2, engine="towers")
+    assert result.layout == raytf.InGraph(devices=2, strategy="towers")
     assert "fit on one node" in result.explanation and "towers" in result.explanation
 
 

@@ -50,12 +50,12 @@ def test_in_graph_actor_lands_on_the_node_with_both_gpus(cluster):
         replicas=2,
         verbose=False,
     )
-    assert result.layout == raytf.InGraph(devices=2, engine="mirrored", use_gpu=True)
+    assert result.layout == raytf.InGraph(devices=2, strategy="mirrored", use_gpu=True)
     (worker,) = result.workers
-    assert worker["node_id"] == cluster["two_gpu"]
-    assert sorted(worker["gpu_ids"]) == ["0", "1"]
-    assert worker["cuda_visible_devices"] in ("0,1", "1,0")
-    assert len(worker["devices"]) == 2 and "stand-in" in worker["device_kind"]
+    assert worker.node_id == cluster["two_gpu"]
+    assert sorted(worker.gpu_ids) == ["0", "1"]
+    assert worker.cuda_visible_devices in ("0,1", "1,0")
+    assert len(worker.devices) == 2 and "stand-in" in worker.device_kind
 
 
 def test_all_reduce_workers_spread_over_the_one_gpu_nodes(cluster):
@@ -76,15 +76,15 @@ def test_all_reduce_workers_spread_over_the_one_gpu_nodes(cluster):
         )
     finally:
         ray.kill(hog)
-    nodes = {w["node_id"] for w in result.workers}
+    nodes = {w.node_id for w in result.workers}
     assert nodes == cluster["one_gpu"]  # one worker on each 1-GPU node
     # The cluster spec each worker received names the address that worker bound on its node.
     for w in result.workers:
-        host, port = w["address"].rsplit(":", 1)
-        assert host == w["node_ip"] and int(port) > 0
-    assert len({w["address"] for w in result.workers}) == 2
-    assert all(len(w["gpu_ids"]) == 1 for w in result.workers)
-    assert len({w["fingerprint"] for w in result.workers}) == 1
+        host, port = w.address.rsplit(":", 1)
+        assert host == w.node_ip and int(port) > 0
+    assert len({w.address for w in result.workers}) == 2
+    assert all(len(w.gpu_ids) == 1 for w in result.workers)
+    assert len({w.fingerprint for w in result.workers}) == 1
     assert result.history["loss"][-1] < result.history["loss"][0]
 
 

@@ -38,16 +38,16 @@ def test_bounded_staleness_never_exceeds_its_bound(local_ray):
     # An epoch is STEPS x 2 worker batches, each gradient applied once, on every server;
     # a gradient still in flight when the epoch closed is dropped, never applied.
     for server in result.servers:
-        assert server["applied"] == 2 * 2 * STEPS
-        assert server["pushes"] == server["applied"] + server["dropped"]
+        assert server.applied == 2 * 2 * STEPS
+        assert server.pushes == server.applied + server.dropped
     assert result.global_step == 2 * 2 * STEPS
     assert sum(result.staleness["histogram"].values()) == 2 * 2 * 2 * STEPS
     # Sharding: each variable on exactly one of the two servers, each server holding some.
-    holds = [set(s["holds"]) for s in result.servers]
+    holds = [set(s.holds) for s in result.servers]
     assert holds[0] and holds[1] and not holds[0] & holds[1]
     assert holds[0] | holds[1] == VARIABLES
-    assert all(s["bytes"] > 0 for s in result.servers)
-    rates = [w["steps_per_second"] for w in result.workers]
+    assert all(s.bytes > 0 for s in result.servers)
+    rates = [w.steps_per_second for w in result.workers]
     assert all(r and r > 0 for r in rates)
     assert alive_actors() == []
 
@@ -58,8 +58,8 @@ def test_asynchronous_training_applies_every_gradient(local_ray):
     assert result.history["loss"][-1] < result.history["loss"][0]
     assert "val_accuracy" in result.history
     (server,) = result.servers
-    assert server["applied"] == result.global_step == 2 * 2 * STEPS
-    assert server["pushes"] == server["applied"] + server["dropped"]
+    assert server.applied == result.global_step == 2 * 2 * STEPS
+    assert server.pushes == server.applied + server.dropped
     assert sum(result.staleness["histogram"].values()) == 2 * 2 * STEPS
 
 
@@ -69,10 +69,10 @@ def test_backup_worker_closes_steps_without_the_straggler(local_ray):
     assert result.history["loss"][-1] < result.history["loss"][0]
     (server,) = result.servers
     # The epoch ends after STEPS synchronous steps, whoever computed them.
-    assert server["applied"] == result.global_step == 2 * STEPS
+    assert server.applied == result.global_step == 2 * STEPS
     # Each closed step averaged 1 or 2 gradients; a late gradient is dropped, never applied.
-    accepted = server["pushes"] - server["dropped"]
-    assert server["applied"] <= accepted <= 2 * server["applied"]
+    accepted = server.pushes - server.dropped
+    assert server.applied <= accepted <= 2 * server.applied
 
 
 def test_server_checkpoint_resume_matches_the_uninterrupted_run(local_ray, tmp_path):
@@ -100,7 +100,7 @@ def test_worker_error_reaches_the_caller_and_everything_stops(local_ray):
 
 def test_tensorflow_engine_trains_with_its_own_strategy(local_ray, tmp_path):
     layout = raytf.ParameterServer(
-        workers=2, ps=2, staleness=None, engine="tensorflow", cpus_per_ps=0.5
+        workers=2, ps=2, staleness=None, backend="tensorflow", cpus_per_ps=0.5
     )
     result = fit(
         layout, validation_data=workloads.validation, checkpoint_dir=str(tmp_path), epochs=3
@@ -112,8 +112,8 @@ def test_tensorflow_engine_trains_with_its_own_strategy(local_ray, tmp_path):
     # Asynchronous: one optimizer step per worker batch, counted on the servers.
     assert result.global_step == 3 * 2 * STEPS
     # TensorFlow's own placement: every model variable on exactly one ps task.
-    holds = [set(s["holds"]) & VARIABLES for s in result.servers]
+    holds = [set(s.holds) & VARIABLES for s in result.servers]
     assert len(holds) == 2 and not holds[0] & holds[1] and holds[0] | holds[1] == VARIABLES
     assert result.checkpoint and os.path.exists(result.checkpoint + ".index")
-    assert [w["name"] for w in result.workers] == ["chief"]
+    assert [w.name for w in result.workers] == ["chief"]
     assert alive_actors() == []

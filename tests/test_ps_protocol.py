@@ -1,6 +1,6 @@
 """The parameter server's consistency rules, step by step: pure asyncio, no Ray, no TF.
 
-A real ParameterShard with TensorFlow's two functions swapped for recorders, so each test can
+The real ShardProtocol with recorders for its two TensorFlow functions, so each test can
 script an exact interleaving of pushes and pulls and check who waits, what is applied, and what
 is dropped.
 """
@@ -11,24 +11,20 @@ import asyncio
 
 import numpy as np
 
-from raytf._internal.ps_server import ParameterShard
-
-
-class _Value:
-    def __init__(self, shard):
-        self.shard = shard
-
-    def numpy(self):
-        return np.array([float(self.shard.version)], dtype=np.float32)
+from raytf._internal.backends.ray_ps.protocol import ShardProtocol
 
 
 def shard(workers, staleness=0, backup=0):
-    s = ParameterShard.__new__(ParameterShard)  # no TensorFlow import
-    s.name, s.index = "ps-0", 0
-    s.init_protocol(workers, staleness, backup)
-    s.applied = []
-    s._apply = lambda flat: s.applied.append(np.asarray(flat).copy())
-    s._flat_values = lambda: _Value(s)
+    """A real protocol whose apply records what it is given and whose values are the version."""
+    applied = []
+    s = ShardProtocol(
+        workers,
+        staleness,
+        backup,
+        apply=lambda flat: applied.append(np.asarray(flat).copy()),
+        values=lambda: np.array([float(s.version)], dtype=np.float32),
+    )
+    s.applied = applied
     return s
 
 

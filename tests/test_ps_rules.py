@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 import raytf
-from raytf._internal.ps_coordinator import summarize
+from raytf._internal.backends.ray_ps.backend import summarize
 from raytf._internal.sharding import shard_by_size
 from raytf.errors import ConfigError
 
@@ -24,10 +24,10 @@ from raytf.errors import ConfigError
         ({"ps": 0}, r"ps=0 .*needs ps=1 or more.*all-reduce"),
         ({"ps": -2}, r"ps must be a positive integer, received -2"),
         ({"workers": 0}, r"workers must be a positive integer, received 0"),
-        ({"engine": "horovod"}, r"unknown engine 'horovod'; choose one of \['auto', 'ray'"),
-        ({"engine": "tensorflow"}, r"asynchronous only.*staleness=None.*engine='ray'"),
-        ({"engine": "tensorflow", "staleness": None, "backup_workers": 1}, "backup_workers"),
-        ({"cpus_per_ps": 0}, r"cpus_per_ps must be > 0, received 0"),
+        ({"backend": "horovod"}, r"unknown backend 'horovod'; choose one of \['auto', 'ray'"),
+        ({"backend": "tensorflow"}, r"asynchronous only.*staleness=None.*backend='ray'"),
+        ({"backend": "tensorflow", "staleness": None, "backup_workers": 1}, "backup_workers"),
+        ({"cpus_per_ps": 0}, r"cpus_per_ps must be a positive number, received 0"),
     ],
 )
 def test_bad_settings_say_what_and_how_to_fix(options, message):
@@ -41,9 +41,9 @@ def test_modes_and_resources():
     assert raytf.ParameterServer(staleness="async").staleness is None
     lay = raytf.ParameterServer(workers=3, ps=2, cpus_per_ps=2, use_gpu=True)
     assert lay.bundles() == [{"CPU": 1.0, "GPU": 1.0}] * 3 + [{"CPU": 2.0}] * 2
-    tf_engine = raytf.ParameterServer(workers=2, ps=1, staleness=None, engine="tensorflow")
+    tf_engine = raytf.ParameterServer(workers=2, ps=1, staleness=None, backend="tensorflow")
     assert [r for r, _ in tf_engine.roles()] == ["worker", "worker", "ps", "chief"]
-    assert len(tf_engine.bundles()) == 4 and tf_engine.needs_addresses
+    assert len(tf_engine.bundles()) == 4
     specs = tf_engine.strategy_specs([f"10.0.0.1:{p}" for p in (5001, 5002, 5003, 5004)])
     assert specs[0].cluster == {
         "chief": ["10.0.0.1:5004"],
@@ -85,7 +85,7 @@ def test_staleness_summary_percentiles():
 
 
 def test_epoch_logs_weigh_each_worker_by_the_steps_it_trained():
-    from raytf._internal.coordinator import _mean_logs
+    from raytf._internal.runtime.schedule import mean_logs as _mean_logs
 
     # A replacement that joined as the epoch ended trained 0 steps: its empty loss (0)
     # must not halve the epoch's loss; validation covers the same data on each worker.

@@ -13,10 +13,10 @@ C = ClusterInfo.from_counts
 
 # cluster, replicas, use_gpu -> layout, options
 TABLE = [
-    # one CPU node: logical devices in one graph, towers engine
-    (C((2, 0)), None, None, "in-graph", {"devices": 2, "engine": "towers", "use_gpu": False}),
-    (C((8, 0)), 4, None, "in-graph", {"devices": 4, "engine": "towers", "use_gpu": False}),
-    (C((1, 0)), None, None, "in-graph", {"devices": 1, "engine": "towers", "use_gpu": False}),
+    # one CPU node: logical devices in one graph, towers strategy
+    (C((2, 0)), None, None, "in-graph", {"devices": 2, "strategy": "towers", "use_gpu": False}),
+    (C((8, 0)), 4, None, "in-graph", {"devices": 4, "strategy": "towers", "use_gpu": False}),
+    (C((1, 0)), None, None, "in-graph", {"devices": 1, "strategy": "towers", "use_gpu": False}),
     # CPU replicas that do not fit one node: one CPU worker each
     (C((2, 0)), 3, None, None, None),  # 3 CPUs asked, 2 in all: refused below
     (C((2, 0), (2, 0)), 4, None, "all-reduce", {"workers": 4, "devices": 1, "use_gpu": False}),
@@ -25,11 +25,17 @@ TABLE = [
         None,
         None,
         "in-graph",
-        {"devices": 2, "engine": "towers", "use_gpu": False},
+        {"devices": 2, "strategy": "towers", "use_gpu": False},
     ),  # default: 2 CPU replicas
-    # one GPU node holds every GPU: in-graph, mirrored engine
-    (C((8, 4)), None, None, "in-graph", {"devices": 4, "engine": "mirrored", "use_gpu": True}),
-    (C((8, 4), (8, 4)), 4, None, "in-graph", {"devices": 4, "engine": "mirrored", "use_gpu": True}),
+    # one GPU node holds every GPU: in-graph, mirrored strategy
+    (C((8, 4)), None, None, "in-graph", {"devices": 4, "strategy": "mirrored", "use_gpu": True}),
+    (
+        C((8, 4), (8, 4)),
+        4,
+        None,
+        "in-graph",
+        {"devices": 4, "strategy": "mirrored", "use_gpu": True},
+    ),
     # GPUs spread over nodes: all-reduce, as many devices per worker as fit
     (C((8, 4), (8, 4)), None, None, "all-reduce", {"workers": 2, "devices": 4, "use_gpu": True}),
     (C((4, 1), (4, 1)), None, None, "all-reduce", {"workers": 2, "devices": 1, "use_gpu": True}),
@@ -42,7 +48,7 @@ TABLE = [
         {"workers": 2, "devices": 2, "use_gpu": True},
     ),
     # use_gpu=False on a GPU cluster trains on CPUs
-    (C((4, 2)), 2, False, "in-graph", {"devices": 2, "engine": "towers", "use_gpu": False}),
+    (C((4, 2)), 2, False, "in-graph", {"devices": 2, "strategy": "towers", "use_gpu": False}),
 ]
 
 
@@ -100,7 +106,7 @@ PS_TABLE = [
         None,
         {"preemptible": True},
         "parameter-server",
-        {"workers": 2, "ps": 1, "staleness": None, "engine": "tensorflow", "use_gpu": True},
+        {"workers": 2, "ps": 1, "staleness": None, "backend": "tensorflow", "use_gpu": True},
     ),
     # every replica fits one node: one process has no stragglers; in-graph whatever the hints
     (
@@ -108,7 +114,7 @@ PS_TABLE = [
         None,
         {"stragglers": True, "preemptible": True},
         "in-graph",
-        {"devices": 4, "engine": "mirrored", "use_gpu": True},
+        {"devices": 4, "strategy": "mirrored", "use_gpu": True},
     ),
 ]
 

@@ -28,7 +28,7 @@ def swept(ray_with_gpus, tmp_path_factory):
     from ray import tune
 
     layouts = [
-        raytf.InGraph(devices=2, engine="towers", use_gpu=True),
+        raytf.InGraph(devices=2, strategy="towers", use_gpu=True),
         raytf.AllReduce(workers=2, use_gpu=True),
         raytf.AllReduce(workers=8, use_gpu=True),  # 8 GPUs on a 2-GPU cluster: never fits
     ]

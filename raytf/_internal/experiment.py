@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytf._internal.cluster import ClusterInfo
-from raytf._internal.selection import resolve_use_gpu
+from raytf._internal.resolve import LayoutRequest
 from raytf.errors import ConfigError
-from raytf.layouts import Layout, layout_option_names, resolve
+from raytf.layouts import layout_option_names
 
 #: Config keys that make the run's FailurePolicy.
 FAILURE_KEYS = (
@@ -210,55 +210,18 @@ def space_from_yaml(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     return space
 
 
-def layout_from_config(config: Mapping[str, Any], cluster: ClusterInfo) -> str | Layout:
-    """``layout`` plus shaping keys (workers, devices, ...) -> a name or a layout object."""
-    name = config.get("layout", "auto")
-    shaping = {k: config[k] for k in LAYOUT_KEYS if config.get(k) is not None}
-    if isinstance(name, Layout):  # a layout object, e.g. from a sweep's search space
-        if shaping:
-            raise ConfigError(
-                f"{sorted(shaping)} cannot reshape the layout object {name!r}; set them on it."
-            )
-        return name
-    if not shaping:
-        return name
-    if name == "auto":
-        raise ConfigError(
-            f"{sorted(shaping)} shape a named layout; add --layout all-reduce or in-graph "
-            "(or leave them out and let raytf choose)."
-        )
-    cls, defaults = resolve(name)
-    accepted = {f.name for f in dataclasses.fields(cls)}
-    wrong = sorted(set(shaping) - accepted)
-    if wrong:
-        raise ConfigError(
-            f"Layout {name!r} does not take {wrong}; it takes {sorted(accepted & LAYOUT_KEYS)}."
-        )
-    use_gpu = resolve_use_gpu(cluster, config.get("use_gpu"))
-    replicas = config.get("replicas")
-    options = {**defaults, **shaping}
-    if replicas is not None and not {"workers", "devices"} & set(shaping):
-        return cls.for_replicas(replicas, use_gpu, **options)
-    layout = cls(**options, use_gpu=use_gpu)
-    if replicas is not None and replicas != layout.num_replicas:
-        raise ConfigError(
-            f"replicas={replicas} disagrees with {sorted(shaping.items())}, which make "
-            f"{layout.num_replicas} replica(s); give one or the other."
-        )
-    return layout
-
-
-def placement_args(config: Mapping[str, Any], cluster: ClusterInfo) -> dict[str, Any]:
-    """``layout`` for raytf.plan/fit, with ``replicas``/``use_gpu`` only for a layout name
-    (a layout object already fixes both)."""
-    layout = layout_from_config(config, cluster)
-    hints = {k: bool(config[k]) for k in ("stragglers", "preemptible") if k in config}
-    if not isinstance(layout, str):
+def layout_kwargs(config: Mapping[str, Any], cluster: ClusterInfo) -> dict[str, Any]:
+    """``layout`` (with ``replicas``, ``use_gpu`` and the hints) for raytf.fit; a layout that
+    the config shapes (workers, devices, ...) is made here, through the one conversion."""
+    request = LayoutRequest.from_config(config)
+    hints = {"stragglers": request.stragglers, "preemptible": request.preemptible}
+    if request.options:
+        layout, _ = request.resolve(cluster)
         return {"layout": layout, **hints}
     return {
-        "layout": layout,
-        "replicas": config.get("replicas"),
-        "use_gpu": config.get("use_gpu"),
+        "layout": request.layout,
+        "replicas": request.replicas,
+        "use_gpu": request.use_gpu,
         **hints,
     }
 
@@ -295,7 +258,7 @@ def fit_kwargs(experiment: Experiment, cluster: ClusterInfo) -> dict[str, Any]:
         from raytf.config import FailurePolicy
 
         kwargs["failures"] = FailurePolicy(**policy)
-    kwargs.update(placement_args(config, cluster))
+    kwargs.update(layout_kwargs(config, cluster))
     if "global_batch_size" not in kwargs:
         raise ConfigError(
             f"{experiment.path}: no global_batch_size; set it in the file's config or pass "

@@ -6,12 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from raytf._internal.checks import positive_int
 from raytf.errors import ConfigError
-
-
-def _positive_int(name: str, value: Any, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, received {value!r}. {fix}")
 
 
 @dataclass(frozen=True)
@@ -51,16 +47,14 @@ class Job:
                 f"validation_data must be a function (InputContext) -> tf.data.Dataset, "
                 f"received {type(self.validation_fn).__name__}."
             )
-        _positive_int("global_batch_size", self.global_batch_size, "For example 256.")
-        _positive_int("epochs", self.epochs, "For example epochs=5.")
-        _positive_int("checkpoint_every", self.checkpoint_every, "It counts epochs.")
+        positive_int("global_batch_size", self.global_batch_size, "For example 256.")
+        positive_int("epochs", self.epochs, "For example epochs=5.")
+        positive_int("checkpoint_every", self.checkpoint_every, "It counts epochs.")
         for name in ("steps_per_epoch", "validation_steps"):
-            value = getattr(self, name)
-            if value is not None:
-                _positive_int(name, value, "Or leave it None to use the whole dataset.")
+            positive_int(name, getattr(self, name), "None uses the whole dataset.", allow_none=True)
         spe = self.steps_per_execution
         if spe != "auto":
-            _positive_int("steps_per_execution", spe, "Or 'auto'.")
+            positive_int("steps_per_execution", spe, "Or 'auto'.")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError(
                 "resume=True needs checkpoint_dir= naming the directory to resume from."

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from raytf._internal.checks import positive_int
 from raytf._internal.cluster import ClusterInfo, bundles_fit
-from raytf.errors import ConfigError, PlacementError
+from raytf.errors import PlacementError
 
 # On CPU, logical devices share the same cores: more of them add no compute, only show the
 # replica machinery. Two is the default on a one-node CPU cluster.
@@ -81,7 +82,7 @@ def _spare_cpu_nodes(cluster: ClusterInfo) -> int:
 
 
 def _ps_choice(
-    cluster: ClusterInfo, workers: int, use_gpu: bool, staleness: int | None, engine: str
+    cluster: ClusterInfo, workers: int, use_gpu: bool, staleness: int | None, backend: str
 ) -> tuple[dict[str, Any], int] | None:
     """Parameter-server options for ``workers`` workers, servers on spare CPU-only nodes when
     there are any (one per node), else one per worker node; None if they cannot be placed."""
@@ -89,8 +90,8 @@ def _ps_choice(
     worker_nodes = sum(1 for n in cluster.nodes if (n.gpus if use_gpu else n.cpus) >= 1)
     servers = spare or max(1, min(workers, worker_nodes))
     options = {"workers": workers, "ps": servers, "staleness": staleness, "use_gpu": use_gpu}
-    if engine != "auto":
-        options["engine"] = engine
+    if backend != "auto":
+        options["backend"] = backend
     worker = {"CPU": 1.0, "GPU": 1.0} if use_gpu else {"CPU": 1.0}
     if not bundles_fit([worker] * workers + [{"CPU": 1.0}] * servers, cluster):
         return None
@@ -109,7 +110,7 @@ def choose_layout(
     parameter server is the better choice:
 
     - ``preemptible=True`` (workers may vanish, e.g. spot instances): asynchronous parameter
-      servers on TensorFlow's engine, which moves a lost worker's steps to the others;
+      servers on TensorFlow's backend, which moves a lost worker's steps to the others;
     - ``stragglers=True`` (some workers are slower: shared or mixed machines): synchronous
       steps with backup workers, so a step does not wait for the slowest;
     - GPU workers one per node with spare CPU-only nodes to host servers, when the
@@ -120,8 +121,7 @@ def choose_layout(
     """
     if not cluster.nodes:
         raise PlacementError("The Ray cluster has no alive nodes; start Ray or check the address.")
-    if replicas is not None and (not isinstance(replicas, int) or replicas < 1):
-        raise ConfigError(f"replicas must be a positive integer, received {replicas!r}.")
+    positive_int("replicas", replicas, "It counts devices.", allow_none=True)
 
     gpus_total = int(cluster.total_gpus)
     use_gpu = resolve_use_gpu(cluster, use_gpu)
@@ -141,20 +141,21 @@ def choose_layout(
         {"CPU": cpus_per_worker, "GPU": replicas} if use_gpu else {"CPU": float(replicas)}
     )
     if replicas <= per_node and bundles_fit([one_node_bundle], cluster):
-        engine = "mirrored" if use_gpu else "towers"
-        why_engine = (
-            "engine 'mirrored' (MirroredStrategy with NCCL all-reduce between the GPUs)"
+        strategy = "mirrored" if use_gpu else "towers"
+        why_strategy = (
+            "strategy 'mirrored' (MirroredStrategy with NCCL all-reduce between the GPUs)"
             if use_gpu
-            else "engine 'towers' (one tower per logical CPU device in one tf.function; measured "
-            "about 2x faster than MirroredStrategy on CPU)"
+            else "strategy 'towers' (one tower per logical CPU device in one tf.function; "
+            "measured 1.2-1.8x MirroredStrategy's throughput on a CPU MLP, a tie on a CNN: "
+            "docs/benchmarks.md)"
         )
         return Choice(
             layout="in-graph",
-            options={"devices": replicas, "engine": engine, "use_gpu": use_gpu},
+            options={"devices": replicas, "strategy": strategy, "use_gpu": use_gpu},
             explanation=(
                 f"in-graph: {replicas} {device} replica(s){defaulted} fit on one node "
                 f"({per_node:g} {device}s there), so one actor drives them all in one graph "
-                f"with no network hop; {why_engine}. [{facts}]"
+                f"with no network hop; {why_strategy}. [{facts}]"
             ),
         )
 
@@ -182,7 +183,7 @@ def choose_layout(
                 options["backup_workers"] = backups
             why = (
                 "workers may be preempted (preemptible=True), so asynchronous parameter "
-                "servers on TensorFlow's engine: a lost worker's steps move to the others "
+                "servers on TensorFlow's backend: a lost worker's steps move to the others "
                 "and nobody waits for it"
                 if preemptible
                 else f"some workers are slower (stragglers=True), so synchronous steps with "

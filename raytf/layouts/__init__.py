@@ -8,7 +8,6 @@ import pkgutil
 from raytf.layouts._registry import (
     layout_names,
     layout_option_names,
-    make_layout,
     register,
     resolve,
 )
@@ -29,7 +28,6 @@ __all__ = [
     "ParameterServer",
     "layout_names",
     "layout_option_names",
-    "make_layout",
     "register",
     "resolve",
 ]

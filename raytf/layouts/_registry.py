@@ -44,8 +44,3 @@ def resolve(name: str) -> tuple[type[Layout], dict[str, Any]]:
             f"Unknown layout {name!r}. Choose one of {['auto', *layout_names()]}, "
             "or pass a layout object such as raytf.InGraph(devices=2)."
         ) from None
-
-
-def make_layout(name: str, replicas: int, use_gpu: bool, **options: Any) -> Layout:
-    cls, defaults = resolve(name)
-    return cls.for_replicas(replicas, use_gpu, **{**defaults, **options})

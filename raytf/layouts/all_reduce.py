@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from raytf._internal.checks import positive_int, positive_number
 from raytf._internal.spec import MULTI_WORKER, StrategySpec
 from raytf._internal.tf_config import cluster_spec
 from raytf.errors import ConfigError
 from raytf.layouts._registry import register
-from raytf.layouts.base import Layout, check_positive_int
+from raytf.layouts.base import Layout, check_devices
+
+if TYPE_CHECKING:
+    from raytf._internal.runtime.backend import Backend
 
 COMMUNICATIONS = ("auto", "ring", "nccl")
 
@@ -34,8 +38,8 @@ class AllReduce(Layout):
     cpus_per_worker: float = 1
 
     def __post_init__(self) -> None:
-        check_positive_int("AllReduce", "workers", self.workers)
-        check_positive_int("AllReduce", "devices", self.devices, self.use_gpu)
+        positive_int("workers", self.workers, owner="AllReduce")
+        check_devices("AllReduce", "devices", self.devices, self.use_gpu)
         if self.communication not in COMMUNICATIONS:
             raise ConfigError(
                 f"AllReduce: unknown communication {self.communication!r}; choose one of "
@@ -52,10 +56,12 @@ class AllReduce(Layout):
                 "MultiWorkerMirroredStrategy drives one CPU device per worker. "
                 f"Use workers={self.workers * self.devices}, devices=1 instead."
             )
-        if self.cpus_per_worker <= 0:
-            raise ConfigError(
-                f"AllReduce: cpus_per_worker must be > 0, received {self.cpus_per_worker!r}."
-            )
+        positive_number("cpus_per_worker", self.cpus_per_worker, owner="AllReduce")
+
+    def backend_cls(self) -> type[Backend]:
+        from raytf._internal.backends.collective import CollectiveBackend
+
+        return CollectiveBackend
 
     @property
     def resolved_communication(self) -> str:

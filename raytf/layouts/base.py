@@ -6,24 +6,31 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from raytf._internal.checks import positive_int
 from raytf.errors import ConfigError
 
 if TYPE_CHECKING:
-    from raytf._internal.coordinator import Coordinator
+    from raytf._internal.runtime.backend import Backend
     from raytf._internal.spec import StrategySpec
 
 
-def check_positive_int(owner: str, name: str, value: Any, use_gpu: bool = False) -> None:
+def check_devices(owner: str, name: str, value: Any, use_gpu: bool = False) -> None:
+    """A device count: a positive integer, and whole GPUs."""
     if use_gpu and isinstance(value, float) and 0 < value < 1:
         raise ConfigError(
             f"{owner}: {name}={value!r} asks for a fraction of a GPU. raytf gives TensorFlow "
             "whole GPUs: TensorFlow maps a GPU's memory per process and cannot share one "
             f"safely between actors. Use {name}=1 or more."
         )
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    positive_int(name, value, owner=owner)
+
+
+def refuse_engine(owner: str, value: Any, renamed_to: str, choices: str) -> None:
+    """``engine=`` meant three things before 0.2; each layout now says which it means."""
+    if value is not None:
         raise ConfigError(
-            f"{owner}: {name} must be a positive integer, received {value!r}. "
-            f"Pass for example {name}=2."
+            f"{owner}: engine={value!r} was renamed: pass {renamed_to}={value!r} "
+            f"({choices}). In YAML and on the command line it is '{renamed_to}' too."
         )
 
 
@@ -31,8 +38,10 @@ def check_positive_int(owner: str, name: str, value: Any, use_gpu: bool = False)
 class Layout(ABC):
     """A way to lay a training job out on Ray actors.
 
-    Subclasses are frozen dataclasses registered under one or more names with
-    :func:`raytf.layouts.register`; the coordinator only talks to this interface.
+    A layout is a pure description (its actors' bundles, its shape, its TensorFlow specs);
+    how it runs is the backend it names (:meth:`backend_cls`), driven by raytf's one generic
+    controller. Subclasses are frozen dataclasses registered under one or more names with
+    :func:`raytf.layouts.register`.
     """
 
     name: ClassVar[str]
@@ -70,11 +79,9 @@ class Layout(ABC):
         """This layout with ``workers`` workers, for elastic runs; None if it cannot resize."""
         return None
 
-    def coordinator_cls(self) -> type[Coordinator]:
-        """The driver-side runner; layouts with more than worker actors bring their own."""
-        from raytf._internal.coordinator import Coordinator
-
-        return Coordinator
+    @abstractmethod
+    def backend_cls(self) -> type[Backend]:
+        """How this layout runs: the backend the controller drives (imported lazily)."""
 
     def describe(self) -> str:
         return f"{self.name}: {self.num_workers} worker(s) x {self.devices_per_worker} device(s)"

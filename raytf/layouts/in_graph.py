@@ -2,53 +2,62 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from raytf._internal.checks import positive_number
 from raytf._internal.spec import MIRRORED, TOWERS, StrategySpec
 from raytf.errors import ConfigError
 from raytf.layouts._registry import register
-from raytf.layouts.base import Layout, check_positive_int
+from raytf.layouts.base import Layout, check_devices, refuse_engine
 
-ENGINES = ("auto", TOWERS, MIRRORED)
+if TYPE_CHECKING:
+    from raytf._internal.runtime.backend import Backend
+
+STRATEGIES = ("auto", TOWERS, MIRRORED)
 
 
 @register("in-graph")
-@register("towers", engine=TOWERS)
-@register("mirrored", engine=MIRRORED)
+@register("towers", strategy=TOWERS)
+@register("mirrored", strategy=MIRRORED)
 @dataclass(frozen=True)
 class InGraph(Layout):
     """All replicas in one graph, driven by one actor on one node.
 
-    ``engine="towers"`` splits each batch over the devices inside one ``tf.function`` and
-    averages gradients by hand; on CPU it measured about twice as fast as
-    ``engine="mirrored"`` (``tf.distribute.MirroredStrategy``), which is the better choice on
-    GPUs (NCCL all-reduce, variables mirrored per device). ``"auto"`` picks by device type.
+    ``strategy="towers"`` splits each batch over the devices inside one ``tf.function`` and
+    averages gradients by hand; on CPU it measured 1.45-1.8x faster than
+    ``strategy="mirrored"`` (``tf.distribute.MirroredStrategy``) on an MLP and a tie on a CNN
+    (docs/benchmarks.md). Mirrored is the choice on GPUs (NCCL all-reduce, variables mirrored
+    per device). ``"auto"`` picks by device type.
     """
 
     name = "in-graph"
 
     devices: int = 2
-    engine: str = "auto"
+    strategy: str = "auto"
     use_gpu: bool = False
     cpus_per_worker: float = 1
+    engine: str | None = field(default=None, repr=False, compare=False)  # renamed: strategy
 
     def __post_init__(self) -> None:
-        check_positive_int("InGraph", "devices", self.devices, self.use_gpu)
-        if self.engine not in ENGINES:
+        refuse_engine("InGraph", self.engine, "strategy", "'towers' or 'mirrored'")
+        check_devices("InGraph", "devices", self.devices, self.use_gpu)
+        if self.strategy not in STRATEGIES:
             raise ConfigError(
-                f"InGraph: unknown engine {self.engine!r}; choose one of {list(ENGINES)}."
+                f"InGraph: unknown strategy {self.strategy!r}; choose one of {list(STRATEGIES)}."
             )
-        if self.cpus_per_worker <= 0:
-            raise ConfigError(
-                f"InGraph: cpus_per_worker must be > 0, received {self.cpus_per_worker!r}."
-            )
+        positive_number("cpus_per_worker", self.cpus_per_worker, owner="InGraph")
 
     @property
-    def resolved_engine(self) -> str:
-        if self.engine != "auto":
-            return self.engine
+    def resolved_strategy(self) -> str:
+        if self.strategy != "auto":
+            return self.strategy
         return MIRRORED if self.use_gpu else TOWERS
+
+    def backend_cls(self) -> type[Backend]:
+        from raytf._internal.backends.collective import CollectiveBackend
+
+        return CollectiveBackend
 
     @property
     def num_workers(self) -> int:
@@ -65,7 +74,9 @@ class InGraph(Layout):
         return [{"CPU": float(max(self.devices, self.cpus_per_worker))}]
 
     def strategy_specs(self, addresses: list[str] | None) -> list[StrategySpec]:
-        return [StrategySpec(kind=self.resolved_engine, devices=self.devices, use_gpu=self.use_gpu)]
+        return [
+            StrategySpec(kind=self.resolved_strategy, devices=self.devices, use_gpu=self.use_gpu)
+        ]
 
     @classmethod
     def for_replicas(cls, replicas: int, use_gpu: bool, **options: Any) -> InGraph:
@@ -73,4 +84,4 @@ class InGraph(Layout):
 
     def describe(self) -> str:
         kind = "GPU" if self.use_gpu else "logical CPU"
-        return f"in-graph ({self.resolved_engine}): 1 actor x {self.devices} {kind} device(s)"
+        return f"in-graph ({self.resolved_strategy}): 1 actor x {self.devices} {kind} device(s)"

@@ -1,7 +1,7 @@
 """Between-graph parameter-server layout: worker actors plus server actors that own the variables.
 
-Two engines run it. ``"ray"`` (raytf's own): server actors hold the variables' shards and their
-optimizer state, workers pull weights, compute gradients with the raytf engine and push them
+Two backends run it. ``"ray"`` (raytf's own): server actors hold the variables' shards and
+their optimizer state, workers pull weights, compute gradients with raytf's loop and push them
 through Ray's object store; it is synchronous, bounded-stale or asynchronous, with backup
 workers. ``"tensorflow"``: ``tf.distribute.Server`` tasks in actors driven by
 ``ParameterServerStrategy`` from a chief actor, TensorFlow's own asynchronous mode.
@@ -9,19 +9,20 @@ workers. ``"tensorflow"``: ``tf.distribute.Server`` tasks in actors driven by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from raytf._internal.checks import positive_int, positive_number
 from raytf._internal.spec import PS_TF, TOWERS, StrategySpec
 from raytf._internal.tf_config import cluster_spec
 from raytf.errors import ConfigError
 from raytf.layouts._registry import register
-from raytf.layouts.base import Layout, check_positive_int
+from raytf.layouts.base import Layout, refuse_engine
 
 if TYPE_CHECKING:
-    from raytf._internal.coordinator import Coordinator
+    from raytf._internal.runtime.backend import Backend
 
-ENGINES = ("auto", "ray", "tensorflow")
+BACKENDS = ("auto", "ray", "tensorflow")
 ASYNC = "async"
 
 
@@ -46,21 +47,23 @@ class ParameterServer(Layout):
     ps: int = 1
     staleness: int | str | None = 0
     backup_workers: int = 0
-    engine: str = "auto"
+    backend: str = "auto"
     prefetch_weights: bool = True
     use_gpu: bool = False
     cpus_per_worker: float = 1
     cpus_per_ps: float = 1
+    engine: str | None = field(default=None, repr=False, compare=False)  # renamed: backend
 
     def __post_init__(self) -> None:
-        check_positive_int("ParameterServer", "workers", self.workers)
+        refuse_engine("ParameterServer", self.engine, "backend", "'ray' or 'tensorflow'")
+        positive_int("workers", self.workers, owner="ParameterServer")
         if self.ps == 0:
             raise ConfigError(
                 "ParameterServer: ps=0 leaves the variables nowhere to live; a parameter-server "
                 "layout needs ps=1 or more. For workers without servers use "
                 "layout='all-reduce'."
             )
-        check_positive_int("ParameterServer", "ps", self.ps)
+        positive_int("ps", self.ps, owner="ParameterServer")
         staleness = None if self.staleness == ASYNC else self.staleness
         if staleness is not None and (
             isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0
@@ -87,39 +90,33 @@ class ParameterServer(Layout):
                 f"synchronous step waits for stragglers; with staleness={self.staleness!r} "
                 "nobody waits, so there is nothing to drop."
             )
-        if self.engine not in ENGINES:
+        if self.backend not in BACKENDS:
             raise ConfigError(
-                f"ParameterServer: unknown engine {self.engine!r}; choose one of {list(ENGINES)}."
+                f"ParameterServer: unknown backend {self.backend!r}; choose one of "
+                f"{list(BACKENDS)}."
             )
-        if self.engine == "tensorflow" and (staleness is not None or b):
+        if self.backend == "tensorflow" and (staleness is not None or b):
             raise ConfigError(
-                f"ParameterServer: engine='tensorflow' (ParameterServerStrategy) is asynchronous "
-                f"only, received staleness={self.staleness!r}, backup_workers={b}. Pass "
-                "staleness=None for TensorFlow's engine, or engine='ray' for synchronous, "
-                "bounded-staleness and backup-worker training."
+                f"ParameterServer: backend='tensorflow' (ParameterServerStrategy) is "
+                f"asynchronous only, received staleness={self.staleness!r}, backup_workers={b}. "
+                "Pass staleness=None for TensorFlow's backend, or backend='ray' for "
+                "synchronous, bounded-staleness and backup-worker training."
             )
         for name in ("cpus_per_worker", "cpus_per_ps"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(
-                    f"ParameterServer: {name} must be > 0, received {getattr(self, name)!r}."
-                )
+            positive_number(name, getattr(self, name), owner="ParameterServer")
 
     # ------------------------------------------------------------------ shape
     @property
-    def resolved_engine(self) -> str:
-        """``auto`` is raytf's own engine: the one with every mode, server checkpoints and
+    def resolved_backend(self) -> str:
+        """``auto`` is raytf's own backend: the one with every mode, server checkpoints and
         staleness metrics; TensorFlow's is there to be asked for by name."""
-        return "ray" if self.engine == "auto" else self.engine
+        return "ray" if self.backend == "auto" else self.backend
 
     @property
     def mode(self) -> str:
         if self.staleness is None:
             return "async"
         return "sync" if self.staleness == 0 else f"bounded staleness {self.staleness}"
-
-    @property
-    def needs_addresses(self) -> bool:  # type: ignore[override]
-        return self.resolved_engine == "tensorflow"
 
     @property
     def num_workers(self) -> int:
@@ -136,24 +133,24 @@ class ParameterServer(Layout):
         return bundle
 
     def bundles(self) -> list[dict[str, float]]:
-        """Workers first, then servers; TensorFlow's engine adds its chief (the coordinator)."""
+        """Workers first, then servers; TensorFlow's backend adds its chief (the coordinator)."""
         out = [self.worker_bundle() for _ in range(self.workers)]
         out += [{"CPU": float(self.cpus_per_ps)} for _ in range(self.ps)]
-        if self.resolved_engine == "tensorflow":
+        if self.resolved_backend == "tensorflow":
             out.append({"CPU": float(self.cpus_per_ps)})
         return out
 
     def roles(self) -> list[tuple[str, int]]:
         """(TensorFlow job name, task index) of each bundle, in bundle order."""
         out = [("worker", i) for i in range(self.workers)] + [("ps", i) for i in range(self.ps)]
-        if self.resolved_engine == "tensorflow":
+        if self.resolved_backend == "tensorflow":
             out.append(("chief", 0))
         return out
 
     def strategy_specs(self, addresses: list[str] | None) -> list[StrategySpec]:
-        """One spec per bundle. raytf's engine: plain one-device workers (servers take no spec
-        from here); TensorFlow's: every task with the whole cluster spec."""
-        if self.resolved_engine == "ray":
+        """One spec per bundle. raytf's backend: plain one-device workers (servers take no
+        spec from here); TensorFlow's: every task with the whole cluster spec."""
+        if self.resolved_backend == "ray":
             return [
                 StrategySpec(
                     kind=TOWERS,
@@ -192,19 +189,19 @@ class ParameterServer(Layout):
             raise ConfigError("ParameterServer drives one device per worker; drop devices=.")
         return cls(workers=replicas, use_gpu=use_gpu, **options)
 
-    def coordinator_cls(self) -> type[Coordinator]:
-        if self.resolved_engine == "tensorflow":
-            from raytf._internal.ps_tf import TFParameterServerCoordinator
+    def backend_cls(self) -> type[Backend]:
+        if self.resolved_backend == "tensorflow":
+            from raytf._internal.backends.tf_ps.backend import TFParameterServerBackend
 
-            return TFParameterServerCoordinator
-        from raytf._internal.ps_coordinator import ParameterServerCoordinator
+            return TFParameterServerBackend
+        from raytf._internal.backends.ray_ps.backend import RayParameterServerBackend
 
-        return ParameterServerCoordinator
+        return RayParameterServerBackend
 
     def describe(self) -> str:
         kind = "GPU" if self.use_gpu else "CPU"
         extra = f", {self.backup_workers} backup" if self.backup_workers else ""
         return (
-            f"parameter-server ({self.mode}{extra}, engine {self.resolved_engine}): "
+            f"parameter-server ({self.mode}{extra}, backend {self.resolved_backend}): "
             f"{self.workers} {kind} worker(s) + {self.ps} server(s)"
         )

@@ -1,9 +1,9 @@
-"""The worker half of raytf's parameter-server engine: gradients, not updates.
+"""The worker half of raytf's parameter-server backend: gradients, not updates.
 
-The model, data and metrics are the raytf engine's; what changes is the step. A worker assigns
-the weights it pulled, runs forward and backward, and returns the gradients (and the new
-values of float non-trainable variables such as BatchNorm statistics) for the servers to apply.
-The optimizer lives on the servers. Imports TensorFlow: only worker actors load this module.
+The model, data and metrics are raytf's (worker/model.py); what changes is the step. A worker
+assigns the weights it pulled, runs forward and backward, and returns the gradients (and the
+new values of float non-trainable variables such as BatchNorm statistics) for the servers to
+apply. The optimizer lives on the servers. Imports TensorFlow: only worker actors load it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from raytf._internal.engine import Engine, _batch_size_of, _unpack
+from raytf._internal.job import Job
+from raytf._internal.spec import StrategySpec
+from raytf._internal.worker import steps as S
+from raytf._internal.worker.model import ModelData
+from raytf.data import InputContext
 
 
 def shared_variables(model: keras.Model) -> tuple[list[Any], list[Any]]:
@@ -26,26 +30,54 @@ def shared_variables(model: keras.Model) -> tuple[list[Any], list[Any]]:
     return list(model.trainable_variables), extras
 
 
-class PSEngine(Engine):
-    """A raytf Engine whose step returns gradients instead of applying them.
+class GradientStep:
+    """One worker's model and data, stepping to gradients on the servers' weights.
 
     Transfer is flat: one float32 buffer per server each way (that server's weights in, its
     gradients and non-trainable values out), split and reshaped inside the tf.function, so a
     step pays one conversion per server rather than one per variable.
     """
 
+    def __init__(self, spec: StrategySpec, job: Job) -> None:
+        ctx = InputContext(
+            worker_index=spec.worker_index,
+            num_workers=spec.num_workers,
+            replicas_per_worker=1,
+            global_batch_size=job.global_batch_size,
+            seed=job.seed,
+        )
+        val_ctx = InputContext(**{**ctx.__dict__, "training": False})
+        self.md = ModelData(
+            job, tf.distribute.get_strategy(), ctx, val_ctx, ctx.worker_batch_size, 1
+        )
+        self.clock = S.StepClock()
+
     def build(self) -> dict[str, Any]:
-        info = super().build()
-        self.trainable, self.extras = shared_variables(self.model)
+        info = self.md.build()
+        self.trainable, self.extras = shared_variables(self.md.model)
         self.shared = self.trainable + self.extras
+        self._eval_n = S.loop_of(S.eval_step(self.md, replicated=False))
+        self._val = None
+        if self.md.validation is not None:
+            self._val = self.md.validation.repeat().prefetch(tf.data.AUTOTUNE)
+        self.seek(0)
         return info
+
+    def seek(self, batches: int) -> None:
+        self._iterator = iter(self.md.skipped(batches).prefetch(tf.data.AUTOTUNE))
+
+    def variables_info(self) -> list[dict[str, Any]]:
+        """Name, value and kind of every shared variable: the servers' starting point."""
+        return [
+            {"name": v.path, "value": np.asarray(v.numpy()), "trainable": i < len(self.trainable)}
+            for i, v in enumerate(self.shared)
+        ]
 
     def connect(self, owner: list[int], servers: int) -> None:
         """Group the shared variables by server: ``owner[i]`` holds ``shared[i]``."""
-        n_trainable = len(self.trainable)
-        self.groups = [[i for i, o in enumerate(owner) if o == s] for s in range(servers)]
-        shared, trainable = self.shared, self.trainable
-        groups = self.groups
+        md, shared, trainable = self.md, self.shared, self.trainable
+        n_trainable = len(trainable)
+        groups = [[i for i, o in enumerate(owner) if o == s] for s in range(servers)]
 
         def unflatten(flats: list[tf.Tensor]) -> None:
             for flat, group in zip(flats, groups):
@@ -57,10 +89,10 @@ class PSEngine(Engine):
         @tf.function
         def grad_step(flats: list[tf.Tensor], iterator: Any) -> list[tf.Tensor]:
             unflatten(flats)
-            x, y, sw = _unpack(next(iterator))
-            y_pred, loss, grads = self._forward_backward(x, y, sw)
-            self._loss.update_state(loss, sample_weight=_batch_size_of(x))
-            self.model.compute_metrics(x, y, y_pred, sample_weight=sw)
+            x, y, sw = S.unpack(next(iterator))
+            y_pred, loss, grads = S.forward_backward(md, x, y, sw)
+            md.loss.update_state(loss, sample_weight=S.batch_size_of(x))
+            md.model.compute_metrics(x, y, y_pred, sample_weight=sw)
             out = []
             for group in groups:
                 pieces = []
@@ -81,13 +113,6 @@ class PSEngine(Engine):
         self._grad_step = grad_step
         self._assign = assign
 
-    def variables_info(self) -> list[dict[str, Any]]:
-        """Name, value and kind of every shared variable: the servers' starting point."""
-        return [
-            {"name": v.path, "value": np.asarray(v.numpy()), "trainable": i < len(self.trainable)}
-            for i, v in enumerate(self.shared)
-        ]
-
     def gradients(self, flats: list[np.ndarray]) -> list[np.ndarray]:
         """One step on the next batch at the servers' weights: per server, a flat buffer of
         its variables' gradients followed by its non-trainable variables' new values."""
@@ -97,12 +122,5 @@ class PSEngine(Engine):
         self._assign(flats)
 
     def evaluate(self, validation_steps: int) -> dict[str, float]:
-        self._eval_n(iter(self._val_data), tf.constant(validation_steps)).numpy()
-        return self._read_metrics("val_")
-
-    def reset_metrics(self) -> None:
-        for metric in [*self.model.metrics, self._loss]:
-            metric.reset_state()
-
-    def read_metrics(self) -> dict[str, float]:
-        return self._read_metrics()
+        self._eval_n(iter(self._val), tf.constant(validation_steps)).numpy()
+        return self.md.read_metrics("val_")

@@ -1,4 +1,4 @@
-"""The worker actor of raytf's parameter-server engine: pull weights, compute, push gradients.
+"""The worker actor of raytf's parameter-server backend: pull weights, compute, push gradients.
 
 Transfer is what a parameter-server step pays for, so the loop keeps round trips to one per
 step: a push returns the weights for the next step (synchronous mode, and asynchronous modes
@@ -13,25 +13,43 @@ import dataclasses
 import time
 from typing import Any
 
-from raytf._internal.worker import TrainWorker, surface_errors
+from raytf._internal.job import Job
+from raytf._internal.spec import StrategySpec
+from raytf._internal.worker.process import Process, surface_errors
 from raytf.errors import WorkerError
 
 
-class PSWorker(TrainWorker):
-    """A TrainWorker whose epochs talk to parameter-server actors instead of a strategy."""
+class PSWorker:
+    """One worker against the parameter servers. A plain class made an actor at spawn."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.proc = Process(name)
+
+    def ready(self) -> dict[str, Any]:
+        return self.proc.info()
 
     @surface_errors
-    def build(self, job: Any) -> dict[str, Any]:
-        from raytf._internal.ps_engine import PSEngine
+    def start(self, spec: StrategySpec) -> dict[str, Any]:
+        from raytf._internal.worker.devices import configure_devices
+
+        self.spec = spec
+        devices, kind = configure_devices(spec)
+        return {"devices": devices, "device_kind": kind}
+
+    @surface_errors
+    def build(self, job: Job) -> dict[str, Any]:
+        from raytf._internal.backends.ray_ps.step import GradientStep
 
         # The servers own variables, optimizer state and checkpoints; workers keep none.
-        local = dataclasses.replace(job, checkpoint_dir=None, resume=False)
-        self._engine = PSEngine(self.spec, local, self.devices, self.strategy)
-        return self._engine.build()
+        self.step = GradientStep(
+            self.spec, dataclasses.replace(job, checkpoint_dir=None, resume=False)
+        )
+        return self.step.build()
 
     @surface_errors
     def variables(self) -> list[dict[str, Any]]:
-        return self._engine.variables_info()
+        return self.step.variables_info()
 
     @surface_errors
     def connect(
@@ -43,9 +61,9 @@ class PSWorker(TrainWorker):
         self.server_names = server_names
         self.staleness = config["staleness"]
         self.prefetch = bool(config["prefetch_weights"]) and self.staleness != 0
-        self._engine.connect(owner, len(servers))
+        self.step.connect(owner, len(servers))
         self.versions = [0] * len(servers)  # of the weights the current step computes on
-        self.step = 0  # steps this worker has started, across epochs
+        self.steps = 0  # steps this worker has started, across epochs
         self.generation = 0  # bumped by the servers each time this worker is replaced
         self.epoch_steps = 0  # steps this worker trained in the current epoch
         self._next: list[Any] | None = None  # refs that answer with the next step's weights
@@ -56,9 +74,13 @@ class PSWorker(TrainWorker):
     def rejoin(self, step: int, generation: int, offset: int) -> None:
         """Replace a dead worker of this index: it had pushed ``step`` batches since its
         data started at batch ``offset`` (this attempt's restored position)."""
-        self._engine.seek(offset + step)
-        self.step = step
+        self.step.seek(offset + step)
+        self.steps = step
         self.generation = generation
+
+    @surface_errors
+    def seek(self, batches: int) -> None:
+        self.step.seek(batches)
 
     # ------------------------------------------------------------------ traffic
     def _get(self, refs: list[Any]) -> list[Any]:
@@ -116,23 +138,21 @@ class PSWorker(TrainWorker):
         """Train until the servers say the segment's global steps (``start``..``stop`` of
         the epoch's ``steps``; each a step of every worker in synchronous training, a worker
         batch otherwise) are done. Metrics cover the epoch; they are read at its end."""
-        eng = self._engine
+        md, clock, timing = self.step.md, self.step.clock, self.timing
         stop = steps if stop is None else stop
         if start == 0:
-            eng.reset_metrics()
+            md.reset_metrics()
             self.epoch_steps = 0
-        timing = self.timing
-        done_here = 0
         while True:
             t0 = time.perf_counter()
-            weights, over = self._weights(self._next or self._pull(self.step))
+            weights, over = self._weights(self._next or self._pull(self.steps))
             self._next = None
             if over:
                 break
             if self.prefetch:
-                self._next = self._pull(self.step + 1)  # overlaps this step's compute
+                self._next = self._pull(self.steps + 1)  # overlaps this step's compute
             t1 = time.perf_counter()
-            grads = eng.gradients(weights)
+            grads = self.step.gradients(weights)
             t2 = time.perf_counter()
             self._drain()  # at most one push in flight
             refs = self._push(grads, want=not self.prefetch)
@@ -140,29 +160,25 @@ class PSWorker(TrainWorker):
                 self._acks = refs
             else:
                 self._next = refs  # the push answers with the next step's weights
-            self.step += 1
-            done_here += 1
+            self.steps += 1
+            self.epoch_steps += 1
             t3 = time.perf_counter()
-            if eng.first_step_at is None:
-                eng.first_step_at = time.time()
-            else:
-                eng._steady_steps += 1
-                eng._steady_seconds += t3 - t0
+            if clock.warm:
                 timing["wait_s"] += t1 - t0
                 timing["compute_s"] += t2 - t1
                 timing["push_s"] += t3 - t2
                 timing["steps"] += 1
+            clock.record(1, t0)
         self._drain()
-        self.epoch_steps += done_here
         logs = None
         if stop >= steps:  # the epoch's end
-            logs = eng.read_metrics()
-            if validation_steps and eng._val_data is not None:
-                eng.assign(self._weights(self._pull(None))[0])
-                logs.update(eng.evaluate(validation_steps))
+            logs = md.read_metrics()
+            if validation_steps and md.validation is not None:
+                self.step.assign(self._weights(self._pull(None))[0])
+                logs.update(self.step.evaluate(validation_steps))
         return {
             "logs": logs,
-            "throughput": eng.throughput,
+            "throughput": clock.throughput(md.ctx.worker_batch_size),
             "checkpoint": None,
             "global_step": max(self.versions),
             "steps": self.epoch_steps,  # this worker's share of the epoch (weighs its logs)
@@ -171,13 +187,16 @@ class PSWorker(TrainWorker):
     @surface_errors
     def final(self, with_model: bool) -> dict[str, Any]:
         """The model with the servers' latest weights, and this worker's step rate."""
-        self._engine.assign(self._weights(self._pull(None))[0])
-        out = self._engine.final(with_model)
-        t = self.timing
+        self.step.assign(self._weights(self._pull(None))[0])
+        md, clock, t = self.step.md, self.step.clock, self.timing
         seconds = t["wait_s"] + t["compute_s"] + t["push_s"]
-        out["steps_per_second"] = t["steps"] / seconds if seconds else None
-        out["timing"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in t.items()}
-        return out
+        return {
+            **md.final(with_model),
+            "throughput": clock.throughput(md.ctx.worker_batch_size),
+            "first_step_at": clock.first_step_at,
+            "steps_per_second": t["steps"] / seconds if seconds else None,
+            "timing": {k: round(v, 4) if isinstance(v, float) else v for k, v in t.items()},
+        }
 
 
 def _raises(ref: Any) -> bool:

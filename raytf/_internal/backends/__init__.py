@@ -1,0 +1,1 @@
+"""One package or module per family of layouts: how it runs (see runtime/backend.py)."""

@@ -1,0 +1,203 @@
+"""A parameter-server shard: an async Ray actor owning some variables and their optimizer state.
+
+Workers pull weights and push gradients; :class:`~.protocol.ShardProtocol` decides what is
+applied when. The shard applies gradients with the model's own Keras optimizer, so optimizer
+state (Adam's moments, the iteration count behind learning-rate schedules) lives with the
+variables, and checkpoints that state with them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from raytf._internal.backends.ray_ps.protocol import Reply, ShardProtocol
+from raytf._internal.worker.process import Process, surface_errors
+from raytf.errors import ConfigError
+
+
+class ParameterShard:
+    """One parameter server. A plain class: the backend makes it a Ray actor at spawn."""
+
+    def __init__(self, name: str, index: int) -> None:
+        self.name = name
+        self.index = index
+        self.proc = Process(name, handle_sigterm=False)
+
+    async def ready(self) -> dict[str, Any]:
+        return self.proc.info(role="ps")
+
+    @surface_errors
+    async def build(
+        self, job: Any, variables: list[dict[str, Any]], config: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Own ``variables`` (initial values from worker 0), with the model's optimizer.
+
+        ``config``: workers, servers, staleness (None = async), backup_workers,
+        checkpoint_dir, resume. Returns where to start (after a restore) and the bytes held.
+        """
+        import keras
+        import tensorflow as tf
+
+        from raytf._internal.worker.model import build_compiled_model
+
+        # A server's ops are small and serial (one update at a time): one thread each, so its
+        # thread pools do not spin against the workers' on the same cores.
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        if job.seed is not None:
+            keras.utils.set_random_seed(job.seed)
+        # The user's own compiled optimizer (any class, schedule or clipping), built on the
+        # variables this server owns.
+        self.optimizer = build_compiled_model(job).optimizer
+        self.names = [v["name"] for v in variables]
+        trainable = [
+            keras.Variable(v["value"], trainable=True, name=_safe(v["name"]))
+            for v in variables
+            if v["trainable"]
+        ]
+        extras = [
+            keras.Variable(v["value"], trainable=False, name=_safe(v["name"]))
+            for v in variables
+            if not v["trainable"]
+        ]
+        self.own = trainable + extras
+        if trainable:
+            self.optimizer.build(trainable)
+        sizes = [int(v["value"].size) for v in variables]
+        n_trainable = len(trainable)
+
+        # Workers send one flat float32 buffer: the gradients of this server's trainable
+        # variables, then the new values of its non-trainable ones.
+        @tf.function
+        def apply(flat: tf.Tensor) -> None:
+            parts = tf.split(flat, sizes)
+            grads = [
+                tf.cast(tf.reshape(p, v.shape), v.dtype)
+                for p, v in zip(parts[:n_trainable], trainable)
+            ]
+            if trainable:
+                self.optimizer.apply_gradients(zip(grads, trainable))
+            for p, v in zip(parts[n_trainable:], extras):
+                v.assign(tf.cast(tf.reshape(p, v.shape), v.dtype))
+
+        @tf.function
+        def values() -> tf.Tensor:
+            return tf.concat([tf.reshape(tf.cast(v.value, tf.float32), [-1]) for v in self.own], 0)
+
+        # Trace both now, not on the first step (nothing runs: tracing creates no state).
+        apply.get_concrete_function(tf.TensorSpec([sum(sizes)], tf.float32))
+        values.get_concrete_function()
+        if config.get("servers", 1) > 1:
+            _check_shardable(self.optimizer, config["servers"])
+        epoch, step, version = self._setup_checkpoint(
+            config.get("checkpoint_dir"), config.get("resume", False)
+        )
+        self.protocol = ShardProtocol(
+            config["workers"],
+            config["staleness"],
+            config.get("backup_workers", 0),
+            apply=apply,
+            values=lambda: values().numpy(),
+            version=version,
+        )
+        return {
+            "start_epoch": epoch,
+            "start_step": step,
+            "restored": self.restored,
+            "bytes": sum(int(v["value"].nbytes) for v in variables),
+            "variables": len(self.names),
+        }
+
+    def _setup_checkpoint(self, directory: str | None, resume: bool) -> tuple[int, int, int]:
+        """Checkpointing of this shard; (epoch, step, version) restored when resuming."""
+        import tensorflow as tf
+
+        self._manager = None
+        self._epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._version = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.restored: str | None = None
+        if not directory:
+            return 0, 0, 0
+        ckpt = tf.train.Checkpoint(
+            variables=dict(zip([_safe(n) for n in self.names], self.own)),
+            optimizer=self.optimizer,
+            epoch=self._epoch,
+            step=self._step,
+            version=self._version,
+        )
+        path = os.path.join(directory, f"ps-{self.index}")
+        self._manager = tf.train.CheckpointManager(ckpt, path, max_to_keep=3)
+        listing = os.path.join(path, "variables.json")
+        if resume and self._manager.latest_checkpoint:
+            with open(listing) as f:
+                saved = json.load(f)
+            if saved != self.names:
+                raise ConfigError(
+                    f"{self.name}: the checkpoint in {path} holds {saved}, this run puts "
+                    f"{self.names} here: the sharding changed (another ps= or model). Resume "
+                    "with the settings that wrote it, or use a new checkpoint_dir."
+                )
+            self.restored = self._manager.latest_checkpoint
+            ckpt.restore(self.restored).assert_existing_objects_matched()
+        os.makedirs(path, exist_ok=True)
+        with open(listing, "w") as f:
+            json.dump(self.names, f)
+        return int(self._epoch.numpy()), int(self._step.numpy()), int(self._version.numpy())
+
+    @surface_errors
+    async def save(self, epoch: int, step: int | None = None) -> str | None:
+        """Checkpoint at ``step`` of ``epoch``, or (None) at its end; numbered by version."""
+        if self._manager is None:
+            return None
+        version = self.protocol.version
+        self._epoch.assign(epoch + 1 if step is None else epoch)
+        self._step.assign(0 if step is None else step)
+        self._version.assign(version)
+        return self._manager.save(checkpoint_number=version)
+
+    # The protocol's calls, as this actor's methods (Ray calls actor methods by name).
+    async def start_epoch(self, steps: int) -> None:
+        await self.protocol.start_epoch(steps)
+
+    async def pull(self, worker: int, step: int | None) -> Reply:
+        return await self.protocol.pull(worker, step)
+
+    @surface_errors
+    async def push(
+        self, worker: int, version: int, flat: Any, want_weights: bool, generation: int = 0
+    ) -> Reply:
+        return await self.protocol.push(worker, version, flat, want_weights, generation)
+
+    async def forget(self, worker: int) -> int:
+        return await self.protocol.forget(worker)
+
+    async def rejoin(self, worker: int, clock: int) -> int:
+        return await self.protocol.rejoin(worker, clock)
+
+    async def report(self) -> dict[str, Any]:
+        return {"name": self.name, "variables": len(self.names), **self.protocol.report()}
+
+
+def _check_shardable(optimizer: Any, servers: int) -> None:
+    """Optimizers that look at every gradient at once cannot be split over servers."""
+    import keras
+
+    if getattr(optimizer, "global_clipnorm", None):
+        raise ConfigError(
+            f"The optimizer clips by global norm (global_clipnorm="
+            f"{optimizer.global_clipnorm}), but with ps={servers} each server sees only its "
+            "share of the gradients. Use ps=1, or clipnorm=/clipvalue= (per variable)."
+        )
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise ConfigError(
+            f"A LossScaleOptimizer keeps one loss scale for all gradients; with ps={servers} "
+            "each server would adjust its own. Use ps=1 with mixed precision."
+        )
+
+
+def _safe(name: str) -> str:
+    """Keras variable names may not contain '/'."""
+    return name.replace("/", "_")

@@ -1,0 +1,1 @@
+"""The driver side of every run: one controller, one actor group, pure policies."""

@@ -1,0 +1,246 @@
+"""The actors of one attempt, and the one fail-fast wait every call on them goes through.
+
+Members are plain classes made Ray actors here, at spawn, with their bundle's resources, so
+the same class runs in a test process without Ray. A backend spawns the members it needs
+(workers, servers, TensorFlow tasks) and tags each with a role; the controller never needs
+to know which.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from raytf.errors import Preempted, RaytfError, StartupTimeoutError, WorkerError
+
+#: How long to look for a dead peer behind a surviving peer's error before reporting it.
+DEATH_GRACE_S = 2.0
+
+#: Errors that mean an actor or its process went away, not a bug in user code: recoverable.
+LOST = frozenset(
+    {
+        "RayActorError",
+        "ActorDiedError",
+        "ActorUnavailableError",
+        "WorkerCrashedError",
+        "NodeDiedError",
+        "OwnerDiedError",
+        "LocalRayletDiedError",
+        # What a surviving TensorFlow peer reports when the other side vanished.
+        "UnavailableError",
+        "AbortedError",
+        "CancelledError",
+    }
+)
+
+HINTS = {
+    "start": "actors did not start (a node too slow to import TensorFlow, or a "
+    "model/data function that hangs); raise Timeouts(start_s=...)",
+    "peers": "TensorFlow peers did not connect: a peer is missing or the nodes cannot "
+    "open TCP connections to each other on ephemeral ports (check firewalls "
+    "and security groups); raise Timeouts(peers_s=...) for slow networks",
+    "epoch": "an epoch did not finish; raise Timeouts(epoch_s=...) for long epochs",
+    "final": "the final model was not saved in time; raise Timeouts(start_s=...)",
+    "checkpoint": "a checkpoint was not written in time (slow storage?); raise "
+    "Timeouts(start_s=...)",
+}
+
+
+def recoverable(exc: BaseException) -> bool:
+    """A lost actor or a preemption: the failure policy may recover. A bug would recur."""
+    if isinstance(exc, Preempted):
+        return True
+    return isinstance(exc, WorkerError) and exc.error_type in LOST
+
+
+def unwrap(exc: BaseException, name: str) -> BaseException:
+    """The error a user should see for a failed actor call."""
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = exc.cause
+        if isinstance(cause, RaytfError):
+            return cause
+        return WorkerError(
+            f"{name} failed: {cause!r}",
+            worker=name,
+            error_type=type(cause).__name__,
+            remote_traceback=str(exc),
+        )
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return WorkerError(
+            f"{name} died (its process exited or was killed): {exc}",
+            worker=name,
+            error_type=type(exc).__name__,
+        )
+    return exc
+
+
+def timeout_message(phase: str, timeout_s: float, missing: Sequence[str]) -> str:
+    return (
+        f"{', '.join(sorted(missing))} did not finish '{phase}' within {timeout_s:g}s: "
+        f"{HINTS.get(phase, phase)}. Every actor of the run was stopped."
+    )
+
+
+@dataclass(eq=False)
+class Member:
+    """One actor of the group: its name, role, bundle, and how to start it again."""
+
+    name: str
+    role: str
+    bundle_index: int
+    cls: type
+    args: tuple = ()
+    actor: Any = None
+    info: dict[str, Any] = field(default_factory=dict)  # what the backend learned of it
+
+
+#: Called with (member, its error) when a member's own process died mid-wait; returns a new
+#: ref to wait on in its place (an in-place replacement), or raises to end the wait.
+OnLost = Callable[[Member, BaseException], Any]
+
+
+class ActorGroup:
+    """The actors of one attempt at running a layout, on the bundles of one placement group
+    (or inside a caller's group, a Tune trial, when ``placement`` is None)."""
+
+    def __init__(self, placement: PlacementGroup | None, bundles: list[dict[str, float]]) -> None:
+        self.placement = placement
+        self.bundles = bundles
+        self.members: list[Member] = []
+
+    # ------------------------------------------------------------------ members
+    def spawn(self, name: str, role: str, bundle_index: int, cls: type, *args: Any) -> Member:
+        member = Member(name, role, bundle_index, cls, args)
+        member.actor = self._start(member)
+        self.members.append(member)
+        return member
+
+    def _start(self, member: Member) -> Any:
+        bundle = self.bundles[member.bundle_index]
+        strategy = None  # inside a caller's placement group, actors land in it
+        if self.placement is not None:
+            strategy = PlacementGroupSchedulingStrategy(
+                self.placement,
+                placement_group_bundle_index=member.bundle_index,
+                placement_group_capture_child_tasks=True,
+            )
+        return (
+            ray.remote(member.cls)
+            .options(
+                num_cpus=bundle.get("CPU", 0),
+                num_gpus=bundle.get("GPU", 0),
+                max_restarts=0,
+                scheduling_strategy=strategy,
+            )
+            .remote(member.name, *member.args)
+        )
+
+    def replace(self, member: Member) -> Member:
+        """A fresh actor for ``member`` on its bundle (the old one is dead, or killed here)."""
+        with contextlib.suppress(Exception):
+            ray.kill(member.actor, no_restart=True)
+        member.actor = self._start(member)
+        member.info = {}
+        return member
+
+    def of(self, role: str) -> list[Member]:
+        return [m for m in self.members if m.role == role]
+
+    # ------------------------------------------------------------------ calls
+    def call(
+        self,
+        members: Sequence[Member],
+        method: str,
+        args: Sequence[tuple] | None = None,
+        *,
+        timeout_s: float,
+        phase: str,
+        on_lost: OnLost | None = None,
+    ) -> list[Any]:
+        """``method`` on each of ``members`` (``args[i]`` for member i; none by default)."""
+        args = args if args is not None else [()] * len(members)
+        refs = {getattr(m.actor, method).remote(*a): m for m, a in zip(members, args)}
+        done = self.wait(refs, timeout_s=timeout_s, phase=phase, on_lost=on_lost)
+        return [done[m] for m in members]
+
+    def wait(
+        self,
+        refs: Mapping[Any, Member],
+        *,
+        timeout_s: float,
+        phase: str,
+        on_lost: OnLost | None = None,
+        watch: Mapping[Any, Member] | None = None,
+    ) -> dict[Member, Any]:
+        """Every result of ``refs``, failing fast: the first error ends the wait, a timeout
+        names the laggards. ``watch``: calls that must not end while waiting (a TensorFlow
+        task's blocking serve); if one does, its member is lost. ``on_lost`` may replace a
+        lost member in place and hand back the ref to wait on instead."""
+        pending = dict(refs)
+        watched = dict(watch or {})
+        results: dict[Member, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            left = max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait([*pending, *watched], num_returns=1, timeout=left)
+            if not ready:
+                raise StartupTimeoutError(
+                    timeout_message(phase, timeout_s, [m.name for m in pending.values()])
+                )
+            ref = ready[0]
+            is_watched = ref in watched
+            member = watched.pop(ref) if is_watched else pending.pop(ref)
+            try:
+                value = ray.get(ref)
+            except Exception as exc:
+                error = unwrap(exc, member.name)
+                own_death = isinstance(exc, ray.exceptions.RayActorError)
+                if own_death and on_lost is not None and recoverable(error):
+                    (watched if is_watched else pending)[on_lost(member, error)] = member
+                    continue
+                if not own_death:  # a survivor's error: a dead peer is the real cause
+                    error = self._dead_peer([*pending, *watched], {**pending, **watched}) or error
+                raise error from None
+            if is_watched:  # a watched call returned: that member stopped serving
+                error = WorkerError(
+                    f"{member.name} stopped serving", worker=member.name, error_type="RayActorError"
+                )
+                if on_lost is None:
+                    raise error
+                watched[on_lost(member, error)] = member
+                continue
+            results[member] = value
+        return results
+
+    @staticmethod
+    def _dead_peer(refs: list[Any], members: Mapping[Any, Member]) -> BaseException | None:
+        """The death of another member, if one arrives within the grace period."""
+        deadline = time.monotonic() + DEATH_GRACE_S
+        left = list(refs)
+        while left:
+            ready, left = ray.wait(
+                left, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+            )
+            if not ready:
+                return None
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError as death:
+                return unwrap(death, members[ready[0]].name)
+            except Exception:
+                continue
+        return None
+
+    def shutdown(self) -> None:
+        for member in self.members:
+            # Already gone, or Ray is shutting down: keep killing the rest.
+            with contextlib.suppress(Exception):
+                ray.kill(member.actor, no_restart=True)
+        self.members = []

@@ -1,0 +1,80 @@
+"""Reserving a layout's bundles as a Ray placement group, and probing for returned resources.
+
+The controller takes a :class:`Placer` so its state machine can be stepped in a unit test
+with a fake one; :class:`RayPlacer` is the real thing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Protocol
+
+from raytf.errors import PlacementError
+from raytf.layouts.base import Layout
+
+#: A probe for returned resources waits this long.
+GROW_PROBE_S = 1.0
+
+
+class Placer(Protocol):
+    def reserve(self, layout: Layout, timeout_s: float) -> Any: ...
+    def release(self, placement: Any) -> None: ...
+    def inside_caller_group(self) -> bool: ...
+    def has_free(self, bundles: list[dict[str, float]]) -> bool: ...
+    def probe(self, bundles: list[dict[str, float]], strategy: str) -> bool: ...
+
+
+class RayPlacer:
+    """Placement groups on the connected Ray cluster."""
+
+    def inside_caller_group(self) -> bool:
+        from ray.util.placement_group import get_current_placement_group
+
+        return get_current_placement_group() is not None
+
+    def reserve(self, layout: Layout, timeout_s: float) -> Any:
+        """A placement group for the layout's bundles, or None inside a caller's group."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        if self.inside_caller_group():
+            return None
+        bundles = layout.bundles()
+        pg = placement_group(bundles, strategy=layout.placement_strategy)
+        ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+        if not ready:
+            remove_placement_group(pg)
+            raise PlacementError(
+                f"Could not reserve {bundles} for {layout.describe()} within {timeout_s:g}s: "
+                "the cluster has these resources in total, but they are held by other actors "
+                "or jobs. Free them, use fewer replicas, or raise Timeouts(placement_s=...)."
+            )
+        return pg
+
+    def release(self, placement: Any) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        if placement is not None:
+            remove_placement_group(placement)
+
+    def has_free(self, bundles: list[dict[str, float]]) -> bool:
+        """A cheap look: are the free resources at least what ``bundles`` add up to?"""
+        import ray
+
+        free = ray.available_resources()
+        need: Counter[str] = Counter()
+        for bundle in bundles:
+            need.update(bundle)
+        return all(free.get(k, 0.0) >= v for k, v in need.items())
+
+    def probe(self, bundles: list[dict[str, float]], strategy: str) -> bool:
+        """Can ``bundles`` be placed now? A probe reservation, released at once."""
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        probe = placement_group(bundles, strategy=strategy)
+        try:
+            ready, _ = ray.wait([probe.ready()], timeout=GROW_PROBE_S)
+        finally:
+            remove_placement_group(probe)
+        return bool(ready)

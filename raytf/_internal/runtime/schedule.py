@@ -1,0 +1,116 @@
+"""Where training stands and how an epoch splits into segments: pure, no Ray, no TensorFlow.
+
+A segment is the steps between two checkpoints of the failure policy: a failure redoes at
+most one. Epoch logs from several workers are merged here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from raytf.config import FailurePolicy
+from raytf.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Steps ``start``..``stop`` of ``epoch``, which has ``steps`` steps."""
+
+    epoch: int
+    start: int
+    stop: int
+    steps: int
+    validation_steps: int | None = None
+
+    @property
+    def ends_epoch(self) -> bool:
+        return self.stop >= self.steps
+
+    @property
+    def position(self) -> int:
+        """The run position once the segment is done (epoch x steps + step)."""
+        return self.epoch * self.steps + self.stop
+
+    def args(self) -> tuple:
+        """What a worker's ``run_epoch`` takes."""
+        return (self.epoch, self.steps, self.validation_steps, self.start, self.stop)
+
+
+def segment_length(
+    steps: int, policy: FailurePolicy, rate: float | None, mid_epoch: bool = True
+) -> int:
+    """Steps between mid-epoch checkpoints: the policy's count, or its seconds at the
+    measured step rate; a whole epoch when the policy asks for neither (or the backend
+    cannot stop mid-epoch)."""
+    if not mid_epoch:
+        return steps
+    if policy.checkpoint_every_steps:
+        return min(steps, policy.checkpoint_every_steps)
+    if policy.checkpoint_every_s:
+        if rate:
+            return max(1, min(steps, int(rate * policy.checkpoint_every_s)))
+        return max(1, steps // 10)  # until a rate is measured
+    return steps
+
+
+def segments(
+    epoch: int, first: int, steps: int, length: int, validation_steps: int | None = None
+) -> Iterator[Segment]:
+    """The segments of ``epoch`` from step ``first``; ``length`` is read per segment by the
+    caller when it changes (a rate measured), so this yields one at a time."""
+    step = first
+    while step < steps:
+        stop = min(steps, step + length)
+        yield Segment(epoch, step, stop, steps, validation_steps)
+        step = stop
+
+
+def agreed_start(starts: Sequence[int], epochs: int, where: str | None, recovering: bool) -> int:
+    """The epoch every worker resumes from; they must agree (one shared checkpoint_dir)."""
+    found = sorted(set(starts))
+    if len(found) > 1:
+        raise ConfigError(
+            f"Workers found different checkpoints to resume from (epochs {found}) in "
+            f"{where!r}: checkpoint_dir must be storage every node can read (NFS, a mounted "
+            "bucket), or the replicas would diverge."
+        )
+    if found[0] >= epochs and not recovering:  # a recovery may only need `final`
+        raise ConfigError(
+            f"The checkpoint in {where!r} is at epoch {found[0]}, and epochs={epochs}: "
+            "nothing is left to train. Pass a larger epochs= to continue."
+        )
+    return found[0]
+
+
+def agreed_step(steps_at: Sequence[int], where: str | None) -> int:
+    found = sorted(set(steps_at))
+    if len(found) > 1:
+        raise ConfigError(
+            f"Workers restored different steps {found} from {where!r}: checkpoint_dir must be "
+            "storage every node can read (NFS, a mounted bucket), written by one run."
+        )
+    return found[0]
+
+
+def mean_logs(
+    per_worker: Sequence[dict[str, float]], steps: Sequence[int | None] = ()
+) -> dict[str, float]:
+    """The global value of each log.
+
+    Under all-reduce the metric variables are read collectively, so every worker already
+    reports the global value and the mean changes nothing; it is kept for layouts whose
+    workers report their own share. Workers that say how many steps they trained (parameter
+    servers: asynchronous shares differ, a replacement may join late or do none) weigh their
+    training logs by them; validation logs cover the same data on each and weigh equally.
+    """
+    plain = [1.0] * len(per_worker)
+    weights = plain
+    counts = [n for n in steps if n is not None]
+    if steps and len(counts) == len(steps) and sum(counts):
+        weights = [float(n) for n in counts]
+    out = {}
+    for k in per_worker[0]:
+        w = plain if k.startswith("val_") else weights
+        out[k] = sum(x[k] * wi for x, wi in zip(per_worker, w)) / sum(w)
+    return out

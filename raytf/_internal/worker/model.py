@@ -1,0 +1,249 @@
+"""The user's model and data inside one worker: compiled, checked, batched to its share.
+
+Keras 3 ``model.fit`` fails under multi-worker strategies, so raytf drives the model itself:
+this module builds what every way of stepping needs (the compiled model, the batched
+datasets, the loss and metric trackers) and checks the user's functions with messages that
+say what was received and what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from raytf._internal.job import Job
+from raytf.data import InputContext
+from raytf.errors import ConfigError
+
+
+def _fresh(obj: Any) -> Any:
+    """A copy of a Keras optimizer or metric made here, inside the strategy scope.
+
+    Objects passed to fit() were unpickled outside the scope, so their variables would not be
+    distributed; strings and functions pass through.
+    """
+    if isinstance(obj, (keras.optimizers.Optimizer, keras.metrics.Metric)):
+        return type(obj).from_config(obj.get_config())
+    return obj
+
+
+def describe_spec(spec: Any) -> str:
+    return repr(tf.nest.map_structure(lambda s: (tuple(s.shape), s.dtype.name), spec))
+
+
+def build_compiled_model(job: Job) -> keras.Model:
+    """The user's model, compiled with its own or the given loss, optimizer and metrics."""
+    model = job.model_fn()
+    if not isinstance(model, keras.Model):
+        raise ConfigError(
+            f"The model function returned {type(model).__name__} ({model!r:.80}), expected a "
+            "keras.Model. Make it `return model`, building a Keras 3 model "
+            "(keras.Sequential, functional or subclassed)."
+        )
+    compiled = getattr(model, "compiled", False) and model.optimizer is not None
+    given = job.loss is not None or job.optimizer is not None
+    if given and compiled:
+        raise ConfigError(
+            "The model function returned a compiled model and loss=/optimizer= were "
+            "passed too; use one: drop the arguments or the model.compile call."
+        )
+    if given:
+        if job.loss is None:
+            raise ConfigError("optimizer= was passed without loss=; pass both.")
+        model.compile(
+            optimizer=_fresh(job.optimizer or "adam"),
+            loss=job.loss,
+            metrics=[_fresh(m) for m in job.metrics] or None,
+        )
+    elif not compiled:
+        raise ConfigError(
+            "The model function returned a model that is not compiled and no loss= was "
+            "given. Call model.compile(optimizer=..., loss=..., metrics=[...]) inside the "
+            "model function, or pass loss= and optimizer= to raytf.fit."
+        )
+    return model
+
+
+class ModelData:
+    """The compiled model, its optimizer, loss and metrics under ``strategy``, and the
+    datasets of this worker batched in units of ``unit`` examples, ``per_step`` units a step.
+
+    Towers split one worker batch (unit = the worker's batch, one unit a step); strategies
+    take per-replica batches (unit = a replica's batch, one unit per replica a step).
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        strategy: tf.distribute.Strategy,
+        ctx: InputContext,
+        val_ctx: InputContext,
+        unit: int,
+        per_step: int,
+    ) -> None:
+        self.job = job
+        self.strategy = strategy
+        self.ctx, self.val_ctx = ctx, val_ctx
+        self.unit, self.per_step = unit, per_step
+
+    def build(self) -> dict[str, Any]:
+        """Model, optimizer, every variable, and the batched datasets; the numbers the driver
+        must agree on."""
+        job = self.job
+        if job.seed is not None:
+            keras.utils.set_random_seed(job.seed)
+        with self.strategy.scope():
+            self.model = build_compiled_model(job)
+            self.optimizer = self.model.optimizer
+            self.loss = keras.metrics.Mean(name="loss")
+        self.train, train_steps = self.dataset(job.data_fn, "data", self.ctx)
+        self._symbolic_build(self.train.element_spec)
+        self.validation, val_steps = None, None
+        if job.validation_fn is not None:
+            self.validation, val_steps = self.dataset(
+                job.validation_fn, "validation_data", self.val_ctx
+            )
+        return {
+            "train_steps": train_steps,
+            "validation_steps": val_steps,
+            "parameters": int(sum(int(tf.size(v)) for v in self.model.trainable_variables)),
+        }
+
+    def dataset(
+        self, fn: Callable[[InputContext], Any], what: str, ctx: InputContext
+    ) -> tuple[tf.data.Dataset, int | None]:
+        """The user's dataset for ``ctx``, checked and batched; its steps (None: unknown)."""
+        ds = fn(ctx)
+        if not isinstance(ds, tf.data.Dataset):
+            raise ConfigError(
+                f"The {what} function returned {type(ds).__name__}, expected a tf.data.Dataset "
+                "of unbatched (features, labels) examples, e.g. "
+                "tf.data.Dataset.from_tensor_slices((x, y))."
+            )
+        spec = ds.element_spec
+        if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
+            raise ConfigError(
+                f"The {what} dataset yields {describe_spec(spec)}, expected a tuple "
+                "(features, labels) or (features, labels, sample_weight)."
+            )
+        self._check_features(spec[0], what)
+        batched = ds.batch(self.unit, drop_remainder=True)
+        cardinality = int(batched.cardinality())
+        steps = cardinality // self.per_step if cardinality >= 0 else None
+        wanted = self.job.steps_per_epoch if what == "data" else self.job.validation_steps
+        if steps is None and wanted is None:
+            name = "steps_per_epoch" if what == "data" else "validation_steps"
+            raise ConfigError(
+                f"The {what} dataset of worker {ctx.worker_index} has unknown or infinite "
+                f"length, so raytf cannot tell where an epoch ends; pass {name}=N."
+            )
+        if steps == 0:
+            raise ConfigError(
+                f"The {what} dataset of worker {ctx.worker_index} holds fewer examples than one "
+                f"batch of {self.unit * self.per_step} (global batch {ctx.global_batch_size} "
+                f"over {ctx.num_workers} worker(s)); use a smaller global_batch_size or more "
+                "data."
+            )
+        return batched, steps
+
+    def _check_features(self, features: Any, what: str) -> None:
+        """Compare unbatched feature shapes with the model's declared inputs, when it has them."""
+        try:
+            inputs = self.model.inputs
+        except (AttributeError, ValueError):
+            return
+        if not inputs:
+            return
+        got = tf.nest.flatten(features)
+        want = tf.nest.flatten(inputs)
+        if len(got) != len(want):
+            raise ConfigError(
+                f"The {what} dataset yields {len(got)} feature tensor(s) "
+                f"{describe_spec(features)} but the model takes {len(want)} input(s) "
+                f"{[tuple(i.shape) for i in want]}."
+            )
+        for g, w in zip(got, want):
+            if g.shape.rank is None:
+                continue
+            expected = tuple(w.shape)[1:]
+            shape = tuple(g.shape)
+            if len(shape) == len(expected) + 1 and tf.TensorShape(shape[1:]).is_compatible_with(
+                expected
+            ):
+                raise ConfigError(
+                    f"The {what} dataset looks batched already: an example has shape {shape}, "
+                    f"the model expects {expected} per example. Return unbatched examples; "
+                    "raytf batches them to the worker's share of global_batch_size."
+                )
+            if not tf.TensorShape(shape).is_compatible_with(expected):
+                raise ConfigError(
+                    f"The {what} dataset yields examples of shape {shape}, but the model "
+                    f"expects {expected} per example (input {w.name!r}). Fix the data "
+                    "function or the model's Input shape."
+                )
+
+    def _symbolic_build(self, element_spec: Any) -> None:
+        """Create every variable (model, loss, metrics, optimizer) before tracing."""
+        with self.strategy.scope():
+            try:
+                self.model._symbolic_build(data_batch=element_spec)
+            except (ValueError, TypeError) as exc:  # a shape or dtype the model cannot take
+                raise ConfigError(
+                    f"The model cannot be built on the data: a batch is "
+                    f"{describe_spec(element_spec)}. Keras said: {exc}"
+                ) from exc
+            if not self.optimizer.built:
+                self.optimizer.build(self.model.trainable_variables)
+
+    def skipped(self, batches: int) -> tf.data.Dataset:
+        """The repeated training data, ``batches`` steps on (where a checkpoint left it)."""
+        skip = batches * self.per_step
+        passes = int(self.train.cardinality())
+        if passes > 0:  # a finite dataset repeats: skip within one pass, not through them all
+            skip %= passes
+        data = self.train.repeat()
+        return data.skip(skip) if skip else data
+
+    # ------------------------------------------------------------------ metrics
+    def reset_metrics(self) -> None:
+        for metric in [*self.model.metrics, self.loss]:
+            metric.reset_state()
+
+    def read_metrics(self, prefix: str = "") -> dict[str, float]:
+        """The epoch's logs (then reset), as Keras names them, with ``prefix`` (``val_``)."""
+        logs = {k: float(v) for k, v in self.model.get_metrics_result().items()}
+        logs["loss"] = float(self.loss.result())
+        self.reset_metrics()
+        return {prefix + k: v for k, v in logs.items()}
+
+    # ------------------------------------------------------------------ result
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for w in self.model.get_weights():
+            digest.update(w.tobytes())
+        return digest.hexdigest()
+
+    def final(self, with_model: bool) -> dict[str, Any]:
+        """The fingerprint of the weights; with ``with_model``, the weights and a .keras file."""
+        out: dict[str, Any] = {
+            "fingerprint": self.fingerprint(),
+            "pid": os.getpid(),  # the process that trained to the end (replacements differ)
+        }
+        if with_model:
+            out["weights"] = self.model.get_weights()
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "model.keras")
+                try:
+                    self.model.save(path)
+                    with open(path, "rb") as f:
+                        out["model_bytes"] = f.read()
+                except Exception as exc:  # e.g. a subclassed model without get_config
+                    out["model_bytes"] = None
+                    out["model_save_error"] = f"{type(exc).__name__}: {exc}"
+        return out

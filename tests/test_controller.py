@@ -1,0 +1,281 @@
+"""The controller's state machine, stepped one state at a time with a scripted backend, a fake
+actor group and a fake placer: the recovery, elastic and port-retry paths, without Ray or TF.
+
+The end-to-end versions of each path (real actors, real kills) are in test_faults.py and
+test_elastic.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import pytest
+
+import raytf
+from raytf._internal.job import Job
+from raytf._internal.runtime.backend import Backend, Built, Report
+from raytf._internal.runtime.controller import BIND_FAILURE, Controller, State
+from raytf.errors import PlacementError, WorkerError
+from raytf.layouts.base import Layout
+
+STEPS = 4  # per epoch
+
+
+def lost(worker: str) -> WorkerError:
+    return WorkerError(f"{worker} died", worker=worker, error_type="RayActorError")
+
+
+class Script:
+    """What the fake backend does and what it saw; shared by every attempt's backend."""
+
+    def __init__(self) -> None:
+        self.fail_at: dict[tuple[int, int], BaseException] = {}  # (epoch, start) -> error
+        self.bind_failures = 0
+        self.saved: int | None = None  # position of the newest checkpoint
+        self.trained: list[tuple[int, int, int, int]] = []  # (workers, epoch, start, stop)
+        self.builds: list[tuple[int, bool, int]] = []  # (workers, resume, global batch)
+        self.replace_at: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class FakeLayout(Layout):
+    name: ClassVar[str] = "fake"
+    workers: int = 2
+    script: Any = None
+
+    @property
+    def num_workers(self) -> int:
+        return self.workers
+
+    @property
+    def devices_per_worker(self) -> int:
+        return 1
+
+    def bundles(self) -> list[dict[str, float]]:
+        return [{"CPU": 1.0}] * self.workers
+
+    def strategy_specs(self, addresses):
+        return []
+
+    @classmethod
+    def for_replicas(cls, replicas, use_gpu, **options):
+        return cls(workers=replicas, **options)
+
+    def resized(self, workers: int) -> FakeLayout:
+        return replace(self, workers=workers)
+
+    def backend_cls(self) -> type[Backend]:
+        return FakeBackend
+
+
+class FakeBackend(Backend):
+    mid_epoch_checkpoints = True
+
+    @property
+    def script(self) -> Script:
+        return self.layout.script
+
+    def spawn(self, group):
+        group.spawned.append(self.layout.workers)
+
+    def start(self, group):
+        if self.script.bind_failures:
+            self.script.bind_failures -= 1
+            raise WorkerError(f"worker-1 failed: UnknownError: {BIND_FAILURE}")
+        return [{"name": f"worker-{i}", "pid": 100 + i} for i in range(self.layout.workers)], []
+
+    def build(self, group, job: Job, recovering: bool) -> Built:
+        self.script.builds.append((self.layout.workers, job.resume, job.global_batch_size))
+        position = self.script.saved if job.resume and self.script.saved is not None else 0
+        epoch, step = divmod(position, STEPS)
+        restored = f"ckpt-{position}" if job.resume and self.script.saved is not None else None
+        return Built(STEPS, None, epoch, step, restored)
+
+    def seek(self, group, position):
+        pass
+
+    def train(self, group, segment, timeout_s):
+        key = (segment.epoch, segment.start)
+        self.script.trained.append((self.layout.workers, *key, segment.stop))
+        error = self.script.fail_at.pop(key, None)
+        if error is not None:
+            raise error
+        if self.script.replace_at == key:
+            with self.hooks.replacing(lost("worker-1")):
+                pass
+            self.hooks.replaced({"pid": 999, "node_ip": "n", "node_id": "i"}, 0, 3)
+        logs = {"loss": 1.0 / (segment.epoch + 1)} if segment.ends_epoch else None
+        return [{"logs": logs, "throughput": 1.0, "checkpoint": None, "global_step": 0}]
+
+    def save(self, group, epoch, step):
+        self.script.saved = epoch * STEPS + step
+        return f"ckpt-{self.script.saved}"
+
+    def end_epoch(self, group, epoch, results):
+        self.script.saved = (epoch + 1) * STEPS
+        return f"ckpt-{self.script.saved}"
+
+    def report(self, group):
+        return Report(finals=[{"throughput": 1.0, "first_step_at": None, "weights": []}])
+
+
+class FakeGroup:
+    spawned: list[int] = []
+    shutdowns: list[int] = []
+
+    def __init__(self, placement, bundles):
+        self.placement = placement
+
+    def spawn(self, *args):  # pragma: no cover - the fake backend does not spawn
+        pass
+
+    def shutdown(self):
+        FakeGroup.shutdowns.append(1)
+
+
+class FakePlacer:
+    def __init__(self, capacity: int = 2) -> None:
+        self.capacity = capacity  # workers that fit
+        self.released = 0
+
+    def inside_caller_group(self) -> bool:
+        return False
+
+    def reserve(self, layout, timeout_s):
+        if layout.num_workers > self.capacity:
+            raise PlacementError(f"{layout.num_workers} do not fit")
+        return f"pg-{layout.num_workers}"
+
+    def release(self, placement):
+        self.released += placement is not None
+
+    def has_free(self, bundles):
+        return len(bundles) + 1 <= self.capacity
+
+    def probe(self, bundles, strategy):
+        return True
+
+
+def controller(script: Script, epochs=2, workers=2, placer=None, **policy) -> Controller:
+    FakeGroup.spawned, FakeGroup.shutdowns = [], []
+    job = Job(model_fn=print, data_fn=print, global_batch_size=8, epochs=epochs)
+    return Controller(
+        FakeLayout(workers=workers, script=script),
+        job,
+        raytf.Timeouts(),
+        "test",
+        failures=raytf.FailurePolicy(**policy),
+        group_cls=FakeGroup,
+        placer=placer or FakePlacer(),
+    )
+
+
+def run_states(c: Controller) -> list[str]:
+    states = [c.state.value]
+    try:
+        while c.state is not State.DONE:
+            states.append(c.step().value)
+    finally:
+        c.close()
+    return states
+
+
+def test_segments_follow_the_policy_and_end_done():
+    script = Script()
+    c = controller(script, checkpoint_every_steps=3)
+    assert run_states(c) == ["start", "train", "train", "train", "train", "train", "done"]
+    assert [t[1:] for t in script.trained] == [(0, 0, 3), (0, 3, 4), (1, 0, 3), (1, 3, 4)]
+    assert c.result.history["loss"] == [1.0, 0.5] and c.result.failures == []
+    assert c.result.steps_trained == 2 * STEPS
+
+
+def test_a_lost_worker_restarts_the_group_from_the_newest_checkpoint():
+    script = Script()
+    script.fail_at[(1, 2)] = lost("worker-1")
+    c = controller(script, max_failures=1, checkpoint_every_steps=2)
+    states = run_states(c)
+    assert states[states.index("recover") - 1 : states.index("recover") + 2] == [
+        "train", "recover", "start",
+    ]  # fmt: skip
+    assert script.builds == [(2, False, 8), (2, True, 8)]  # the restart resumes
+    (record,) = c.result.failures
+    assert (record.worker, record.reason, record.epoch, record.segment) == (
+        "worker-1",
+        "died",
+        1,
+        (2, 4),
+    )
+    assert record.action == "restarted the group"
+    # The checkpoint at epoch 1 step 2 came back; the failed segment reached step 4 at most.
+    assert (record.restored_epoch, record.restored_step, record.steps_redone) == (1, 2, 2)
+    assert record.restarted_on[0] == {"name": "worker-0", "pid": 100}
+    assert c.result.history["loss"] == [1.0, 0.5]  # epoch 1 counted once
+    assert len(FakeGroup.shutdowns) == 2  # the failed group and the final one
+
+
+def test_failures_beyond_the_budget_and_bugs_are_raised():
+    script = Script()
+    script.fail_at[(0, 0)] = lost("worker-0")
+    with pytest.raises(WorkerError, match="worker-0 died"):
+        run_states(controller(script, max_failures=0))
+    script = Script()
+    script.fail_at[(0, 0)] = raytf.ConfigError("a bug in the data function")
+    c = controller(script, max_failures=3)
+    with pytest.raises(raytf.ConfigError, match="a bug"):
+        run_states(c)
+    assert c.run_state.failures == [] and FakeGroup.shutdowns  # never retried, torn down
+
+
+@pytest.mark.parametrize(("lost_binds", "groups"), [(2, 3), (5, 3)])
+def test_a_lost_port_retries_with_a_fresh_group(lost_binds, groups):
+    script = Script()
+    script.bind_failures = lost_binds
+    c = controller(script, epochs=1)
+    if lost_binds < 3:
+        assert run_states(c)[-1] == "done"
+    else:
+        with pytest.raises(WorkerError, match=BIND_FAILURE):
+            run_states(c)
+    assert len(FakeGroup.spawned) == groups  # three attempts at most
+    assert len(FakeGroup.shutdowns) >= groups  # every attempt's group was torn down
+
+
+def test_a_replacement_in_place_is_recorded_without_a_restart():
+    script = Script()
+    script.replace_at = (0, 0)
+    c = controller(script, epochs=1, max_failures=1)
+    assert "recover" not in run_states(c)
+    (record,) = c.result.failures
+    assert record.action == "replaced in place" and record.replacement["pid"] == 999
+    assert record.resumed_batch == 3 and record.steps_redone == 0 and record.partial == 0
+
+
+def test_elastic_shrinks_when_resources_are_gone_and_grows_when_they_return():
+    script = Script()
+    script.fail_at[(0, 2)] = lost("worker-1")
+    placer = FakePlacer(capacity=2)
+
+    class Shrinking(FakePlacer):
+        pass
+
+    c = controller(script, epochs=3, workers=2, placer=placer, max_failures=1,
+                   min_workers=1, checkpoint_every_steps=2, replace_within_s=1)  # fmt: skip
+    while c.state is not State.RECOVER:
+        c.step()
+    placer.capacity = 1  # the lost worker's node is gone
+    assert c.step() is State.RESIZE and c.step() is State.START
+    assert c.layout.num_workers == 1
+    (shrink,) = c.run_state.resizes
+    assert (shrink.from_workers, shrink.to_workers, shrink.reason) == (
+        1 + 1,
+        1,
+        "replacements unavailable",
+    )
+    placer.capacity = 2  # the node is back: the next boundary grows the run
+    states = run_states(c)
+    assert "resize" in states and c.layout.num_workers == 2 and states[-1] == "done"
+    grow = c.run_state.resizes[1]
+    assert (grow.from_workers, grow.to_workers, grow.reason) == (1, 2, "resources returned")
+    assert [b[0] for b in script.builds] == [2, 1, 2]
+    assert c.result.steps_trained >= 3 * STEPS
