@@ -333,8 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_sweep(args)
         if args.command == "doctor":
             from raytf._internal.doctor import run_doctor
+            from raytf.api import cluster_address
 
-            return run_doctor(args.address, timeout=args.timeout)
+            return run_doctor(cluster_address(args.address), timeout=args.timeout)
         return _cmd_run(args)
     except WorkerError as exc:
         print(f"raytf: error: {exc}", file=sys.stderr)

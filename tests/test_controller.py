@@ -43,6 +43,7 @@ class FakeLayout(Layout):
     name: ClassVar[str] = "fake"
     workers: int = 2
     script: Any = None
+    backend: Any = None  # a FakeBackend subclass for one test
 
     @property
     def num_workers(self) -> int:
@@ -66,7 +67,7 @@ class FakeLayout(Layout):
         return replace(self, workers=workers)
 
     def backend_cls(self) -> type[Backend]:
-        return FakeBackend
+        return self.backend or FakeBackend
 
 
 class FakeBackend(Backend):
@@ -157,11 +158,13 @@ class FakePlacer:
         return True
 
 
-def controller(script: Script, epochs=2, workers=2, placer=None, **policy) -> Controller:
+def controller(
+    script: Script, epochs=2, workers=2, placer=None, backend=None, **policy
+) -> Controller:
     FakeGroup.spawned, FakeGroup.shutdowns = [], []
     job = Job(model_fn=print, data_fn=print, global_batch_size=8, epochs=epochs)
     return Controller(
-        FakeLayout(workers=workers, script=script),
+        FakeLayout(workers=workers, script=script, backend=backend),
         job,
         raytf.Timeouts(),
         "test",
@@ -256,9 +259,6 @@ def test_elastic_shrinks_when_resources_are_gone_and_grows_when_they_return():
     script.fail_at[(0, 2)] = lost("worker-1")
     placer = FakePlacer(capacity=2)
 
-    class Shrinking(FakePlacer):
-        pass
-
     c = controller(script, epochs=3, workers=2, placer=placer, max_failures=1,
                    min_workers=1, checkpoint_every_steps=2, replace_within_s=1)  # fmt: skip
     while c.state is not State.RECOVER:
@@ -279,3 +279,45 @@ def test_elastic_shrinks_when_resources_are_gone_and_grows_when_they_return():
     assert (grow.from_workers, grow.to_workers, grow.reason) == (1, 2, "resources returned")
     assert [b[0] for b in script.builds] == [2, 1, 2]
     assert c.result.steps_trained >= 3 * STEPS
+
+
+def test_a_failure_while_starting_charges_no_time_before_the_run():
+    script = Script()
+
+    class DiesInBuild(FakeBackend):
+        def build(self, group, job, recovering):
+            if not recovering:
+                raise lost("worker-0")
+            return super().build(group, job, recovering)
+
+    c = controller(script, epochs=1, max_failures=1, backend=DiesInBuild)
+    run_states(c)
+    (record,) = c.result.failures
+    # Charged from the run's start (no checkpoint yet), not from the epoch of the clock.
+    assert 0 <= record.since_checkpoint_s <= record.detected_at - c.run_state.started
+    assert record.segment == (0, 0) and record.partial == 0
+
+
+def test_tensorflow_ps_chief_or_ps_task_death_ends_the_attempt():
+    from raytf._internal.backends.tf_ps.backend import TFParameterServerBackend
+    from raytf._internal.runtime.group import Member
+
+    backend = TFParameterServerBackend(
+        raytf.ParameterServer(staleness=None, backend="tensorflow"), raytf.Timeouts(), None
+    )
+    backend.specs = raytf.ParameterServer(staleness=None, backend="tensorflow").strategy_specs(
+        [f"127.0.0.1:{5000 + i}" for i in range(4)]
+    )
+
+    class Group:
+        def of(self, role):
+            return tasks
+
+    tasks = [Member(f"worker-{i}", "task", i, object) for i in range(2)]
+    tasks.append(Member("ps-0", "task", 2, object))
+    chief = Member("chief", "chief", 3, object)
+    for member in (chief, tasks[2]):  # no in-place restart: a recoverable error, raised
+        error = lost(member.name)
+        with pytest.raises(WorkerError) as raised:
+            backend._restart_task(Group(), member, error)
+        assert raised.value is error

@@ -66,11 +66,13 @@ class LayoutRequest:
         """From a flat config (YAML, CLI flags, a sweep trial): ``layout``, its options, and
         ``replicas`` / ``use_gpu`` / hints; other keys are ignored."""
         names = layout_option_names()
+        layout = config.get("layout") or "auto"
+        given = isinstance(layout, Layout)  # an object (a sweep's space) fixes its own size
         return cls(
-            layout=config.get("layout") or "auto",
+            layout=layout,
             options={k: config[k] for k in names if config.get(k) is not None},
-            replicas=config.get("replicas"),
-            use_gpu=config.get("use_gpu"),
+            replicas=None if given else config.get("replicas"),
+            use_gpu=None if given else config.get("use_gpu"),
             **{k: bool(config[k]) for k in HINTS if config.get(k) is not None},
         )
 
@@ -92,7 +94,8 @@ class LayoutRequest:
         cls, defaults = resolve(layout)
         use_gpu = resolve_use_gpu(cluster, self.use_gpu)
         options = {**defaults, **self.options}
-        if {"workers", "devices"} & set(self.options):  # the shape is given
+        shaped = bool({"workers", "devices"} & set(self.options))
+        if self.options and (shaped or self.replicas is None):  # the options set the shape
             chosen = cls(**options, use_gpu=use_gpu)
             if self.replicas is not None and self.replicas != chosen.num_replicas:
                 raise ConfigError(

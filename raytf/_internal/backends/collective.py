@@ -81,7 +81,9 @@ def agree(
     infos: list[dict[str, Any]], job: Job, recovering: bool, state: list[dict] | None = None
 ) -> Built:
     """What every worker's build reported, agreed: steps per epoch, and where to start,
-    from the actors that hold the state (``state``: the workers themselves by default)."""
+    from the actors that hold the state (``state``: the parameter servers; by default the
+    workers themselves)."""
+    who = "Workers" if state is None else "Parameter servers"
     state = infos if state is None else state
     steps = job.steps_per_epoch or min(i["train_steps"] for i in infos)
     val_steps = None
@@ -91,7 +93,7 @@ def agree(
     start_epoch = agreed_start([i["start_epoch"] for i in state], job.epochs, where, recovering)
     start_step = 0
     if start_epoch < job.epochs:
-        start_step = agreed_step([i["start_step"] for i in state], where)
+        start_step = agreed_step([i["start_step"] for i in state], where, who)
     return Built(
         steps=steps,
         validation_steps=val_steps,

@@ -24,7 +24,7 @@ from typing import Any
 from raytf._internal.job import Job
 from raytf._internal.runtime import recovery, schedule
 from raytf._internal.runtime.backend import Backend, Built
-from raytf._internal.runtime.elastic import Sizing
+from raytf._internal.runtime.elastic import RESIZE_PROBE_S, Sizing
 from raytf._internal.runtime.group import ActorGroup, recoverable
 from raytf._internal.runtime.placement import Placer, RayPlacer
 from raytf._internal.runtime.report import RunState, announce, fit_result, trim_history
@@ -86,7 +86,8 @@ class Controller:
         self.model_dir = model_dir
         self.group_cls = group_cls
         self.placer = placer or RayPlacer()
-        self.run_state = RunState(started=started or time.time())
+        started = started or time.time()
+        self.run_state = RunState(started=started, checkpoint_at=(0, started))
         self.sizing = Sizing(
             self.policy, layout.num_workers, layout.devices_per_worker, job.global_batch_size
         )
@@ -107,6 +108,8 @@ class Controller:
         finally:
             self.close()
         assert self.result is not None  # DONE is only reached with a result
+        for cb in self.callbacks:  # after every actor stopped and every resource went back
+            cb.on_fit_end(self.result)
         return self.result
 
     def close(self) -> None:
@@ -163,7 +166,7 @@ class Controller:
         if prior != steps:
             start_step = start_step * steps // prior
         position = start_epoch * steps + start_step
-        run.steps, run.position = steps, position
+        run.steps = steps
         if position:  # the data goes on where the checkpoint left it
             backend.seek(group, position)
         self.attempt = Attempt(backend, group, job, built, start_epoch, start_step)
@@ -203,11 +206,8 @@ class Controller:
         a, run, job = self.attempt, self.run_state, self.next_job
         assert a is not None
         if a.epoch >= job.epochs:
-            report = a.backend.report(a.group)
-            self.result = fit_result(self, report)
+            self.result = fit_result(self, a.backend.report(a.group))
             self._stop_group()
-            for cb in self.callbacks:
-                cb.on_fit_end(self.result)
             return State.DONE
         steps = a.built.steps
         length = schedule.segment_length(
@@ -285,7 +285,7 @@ class Controller:
         raise PlacementError(
             f"Could not reserve even min_workers={self.policy.min_workers} worker(s) of "
             f"{self.full_layout.describe()} (tried {sizes} worker(s); the full size for "
-            f"{self.policy.replace_within_s:g}s, then a few seconds each): the cluster lost "
+            f"{self.policy.replace_within_s:g}s, then {RESIZE_PROBE_S:g}s each): the cluster lost "
             "the resources. Add nodes, or lower min_workers."
         )
 

@@ -178,11 +178,13 @@ class ActorGroup:
         phase: str,
         on_lost: OnLost | None = None,
         watch: Mapping[Any, Member] | None = None,
+        look_for_peers: bool = True,
     ) -> dict[Member, Any]:
         """Every result of ``refs``, failing fast: the first error ends the wait, a timeout
         names the laggards. ``watch``: calls that must not end while waiting (a TensorFlow
         task's blocking serve); if one does, its member is lost. ``on_lost`` may replace a
-        lost member in place and hand back the ref to wait on instead."""
+        lost member in place and hand back the ref to wait on instead. ``look_for_peers``: a
+        survivor's error may be caused by a peer's death; report that death instead."""
         pending = dict(refs)
         watched = dict(watch or {})
         results: dict[Member, Any] = {}
@@ -202,12 +204,10 @@ class ActorGroup:
             except Exception as exc:
                 error = unwrap(exc, member.name)
                 own_death = isinstance(exc, ray.exceptions.RayActorError)
-                if own_death and on_lost is not None and recoverable(error):
+                if on_lost is not None and (is_watched or (own_death and recoverable(error))):
                     (watched if is_watched else pending)[on_lost(member, error)] = member
                     continue
-                if not own_death:  # a survivor's error: a dead peer is the real cause
-                    error = self._dead_peer([*pending, *watched], {**pending, **watched}) or error
-                raise error from None
+                raise self._cause(error, own_death, pending, watched, look_for_peers) from None
             if is_watched:  # a watched call returned: that member stopped serving
                 error = WorkerError(
                     f"{member.name} stopped serving", worker=member.name, error_type="RayActorError"
@@ -219,9 +219,36 @@ class ActorGroup:
             results[member] = value
         return results
 
+    @classmethod
+    def _cause(
+        cls,
+        error: BaseException,
+        own_death: bool,
+        pending: Mapping[Any, Member],
+        watched: Mapping[Any, Member],
+        look_for_peers: bool,
+    ) -> BaseException:
+        """The error to report. A bug reported while a peer died: the death is the cause (and
+        recoverable). A recoverable error while a watched member died (TensorFlow's chief
+        failing because a task vanished): name that member."""
+        if own_death:
+            return error
+        if look_for_peers and pending and not recoverable(error):
+            found = cls._dead_peer(pending)
+            if found is not None:
+                return unwrap(found[1], found[0].name)
+        if watched and recoverable(error):
+            found = cls._dead_peer(watched)
+            if found is not None:
+                name = found[0].name
+                return WorkerError(
+                    f"{name} died ({error})", worker=name, error_type="RayActorError"
+                )
+        return error
+
     @staticmethod
-    def _dead_peer(refs: list[Any], members: Mapping[Any, Member]) -> BaseException | None:
-        """The death of another member, if one arrives within the grace period."""
+    def _dead_peer(refs: Mapping[Any, Member]) -> tuple[Member, BaseException] | None:
+        """A member among ``refs`` whose process died, if it shows within the grace period."""
         deadline = time.monotonic() + DEATH_GRACE_S
         left = list(refs)
         while left:
@@ -233,7 +260,7 @@ class ActorGroup:
             try:
                 ray.get(ready[0])
             except ray.exceptions.RayActorError as death:
-                return unwrap(death, members[ready[0]].name)
+                return refs[ready[0]], death
             except Exception:
                 continue
         return None

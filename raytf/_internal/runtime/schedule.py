@@ -83,12 +83,13 @@ def agreed_start(starts: Sequence[int], epochs: int, where: str | None, recoveri
     return found[0]
 
 
-def agreed_step(steps_at: Sequence[int], where: str | None) -> int:
+def agreed_step(steps_at: Sequence[int], where: str | None, who: str = "Workers") -> int:
     found = sorted(set(steps_at))
     if len(found) > 1:
+        tail = ", written by one run" if who != "Workers" else ""
         raise ConfigError(
-            f"Workers restored different steps {found} from {where!r}: checkpoint_dir must be "
-            "storage every node can read (NFS, a mounted bucket), written by one run."
+            f"{who} restored different steps {found} from {where!r}: checkpoint_dir must be "
+            f"storage every node can read (NFS, a mounted bucket){tail}."
         )
     return found[0]
 

@@ -183,10 +183,7 @@ def strategy_loop(
         seed=job.seed,
     )
     val_ctx = InputContext(**{**ctx.__dict__, "training": False})
-    unit, per_step = (
-        (ctx.worker_batch_size, 1) if towers else (ctx.per_replica_batch_size, replicas)
-    )
-    md = ModelData(job, strategy, ctx, val_ctx, unit, per_step)
+    md = ModelData(job, strategy, ctx, val_ctx, towers, 1 if towers else replicas)
     info = md.build()
     checkpoints = Checkpoints(
         job.checkpoint_dir, spec.is_chief, spec.worker_index, model=md.model, optimizer=md.optimizer

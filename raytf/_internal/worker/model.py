@@ -72,10 +72,10 @@ def build_compiled_model(job: Job) -> keras.Model:
 
 class ModelData:
     """The compiled model, its optimizer, loss and metrics under ``strategy``, and the
-    datasets of this worker batched in units of ``unit`` examples, ``per_step`` units a step.
+    datasets of this worker batched for its context, ``per_step`` batches a step.
 
-    Towers split one worker batch (unit = the worker's batch, one unit a step); strategies
-    take per-replica batches (unit = a replica's batch, one unit per replica a step).
+    Towers split one worker batch (``towers``: a batch is the worker's, one a step);
+    strategies take per-replica batches (a replica's batch, one per replica a step).
     """
 
     def __init__(
@@ -84,13 +84,17 @@ class ModelData:
         strategy: tf.distribute.Strategy,
         ctx: InputContext,
         val_ctx: InputContext,
-        unit: int,
+        towers: bool,
         per_step: int,
     ) -> None:
         self.job = job
         self.strategy = strategy
         self.ctx, self.val_ctx = ctx, val_ctx
-        self.unit, self.per_step = unit, per_step
+        self.towers, self.per_step = towers, per_step
+
+    def unit(self, ctx: InputContext) -> int:
+        """Examples in one batch of the dataset built for ``ctx``."""
+        return ctx.worker_batch_size if self.towers else ctx.per_replica_batch_size
 
     def build(self) -> dict[str, Any]:
         """Model, optimizer, every variable, and the batched datasets; the numbers the driver
@@ -133,7 +137,8 @@ class ModelData:
                 "(features, labels) or (features, labels, sample_weight)."
             )
         self._check_features(spec[0], what)
-        batched = ds.batch(self.unit, drop_remainder=True)
+        unit = self.unit(ctx)
+        batched = ds.batch(unit, drop_remainder=True)
         cardinality = int(batched.cardinality())
         steps = cardinality // self.per_step if cardinality >= 0 else None
         wanted = self.job.steps_per_epoch if what == "data" else self.job.validation_steps
@@ -146,7 +151,7 @@ class ModelData:
         if steps == 0:
             raise ConfigError(
                 f"The {what} dataset of worker {ctx.worker_index} holds fewer examples than one "
-                f"batch of {self.unit * self.per_step} (global batch {ctx.global_batch_size} "
+                f"batch of {unit * self.per_step} (global batch {ctx.global_batch_size} "
                 f"over {ctx.num_workers} worker(s)); use a smaller global_batch_size or more "
                 "data."
             )

@@ -108,7 +108,9 @@ class RayParameterServerBackend(Backend):
         def replace(member: Member, error: BaseException) -> Any:
             return self._replace_worker(group, member, error, segment)
 
-        done = group.wait(refs, timeout_s=timeout_s, phase="epoch", on_lost=replace)
+        done = group.wait(
+            refs, timeout_s=timeout_s, phase="epoch", on_lost=replace, look_for_peers=False
+        )
         return [done[m] for m in workers]
 
     def _replace_worker(

@@ -47,9 +47,7 @@ class GradientStep:
             seed=job.seed,
         )
         val_ctx = InputContext(**{**ctx.__dict__, "training": False})
-        self.md = ModelData(
-            job, tf.distribute.get_strategy(), ctx, val_ctx, ctx.worker_batch_size, 1
-        )
+        self.md = ModelData(job, tf.distribute.get_strategy(), ctx, val_ctx, False, 1)
         self.clock = S.StepClock()
 
     def build(self) -> dict[str, Any]:

@@ -77,7 +77,10 @@ class TFParameterServerBackend(Backend):
         return [done[chief]]
 
     def _restart_task(self, group: ActorGroup, member: Member, error: Any) -> Any:
-        """Start worker task ``member`` again at its address; TensorFlow reconnects to it."""
+        """Start worker task ``member`` again at its address; TensorFlow reconnects to it.
+        The chief's death, or a ps task's (its variables are gone), ends the attempt."""
+        if member.role != "task":
+            raise error
         i = group.of("task").index(member)
         if self.specs[i].role == "ps":
             raise error

@@ -79,7 +79,7 @@ class ScheduledRunner:
         self._val = None
         if md.validation is not None:
             self._val = md.validation.repeat().prefetch(tf.data.AUTOTUNE)
-        unit = md.ctx.worker_batch_size
+        unit = md.unit(md.ctx)
         contexts = [
             md.ctx.__class__(**{**md.ctx.__dict__, "worker_index": i}) for i in range(num_workers)
         ]
@@ -192,7 +192,7 @@ class TFChief:
             seed=job.seed,
             training=False,
         )
-        md = ModelData(job, self.strategy, ctx, val_ctx, ctx.per_replica_batch_size, 1)
+        md = ModelData(job, self.strategy, ctx, val_ctx, False, 1)
         info = md.build()
         checkpoints = Checkpoints(
             job.checkpoint_dir, True, 0, model=md.model, optimizer=md.optimizer
