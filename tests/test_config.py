@@ -164,3 +164,31 @@ def test_elastic_sizes_and_batches(mode, batch, sizes, batches):
     sizing = Sizing(policy, full=4, devices=1, global_batch_size=batch)
     assert sizing.sizes() == sizes
     assert [sizing.batch_for(n) for n in sizes] == batches
+
+
+@pytest.mark.parametrize(
+    ("given", "raytf_env", "ray_env", "expected"),
+    [
+        (None, None, None, None),  # a private local Ray
+        ("auto", "10.0.0.1:6379", "10.0.0.2:6379", "auto"),  # the argument wins
+        (None, "10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.1:6379"),  # then RAYTF_ADDRESS
+        (None, None, "10.0.0.2:6379", "10.0.0.2:6379"),  # then RAY_ADDRESS (set in Ray jobs)
+    ],
+)
+def test_one_address_rule_for_the_api_and_the_cli(monkeypatch, given, raytf_env, ray_env, expected):
+    from raytf.api import cluster_address
+
+    for name, value in (("RAYTF_ADDRESS", raytf_env), ("RAY_ADDRESS", ray_env)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert cluster_address(given) == expected
+
+
+def test_a_job_submission_address_is_refused_with_the_fix(monkeypatch):
+    from raytf.api import cluster_address
+
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
+    with pytest.raises(ConfigError, match=r"RAY_ADDRESS is 'http://head:8265'.*ray job submit"):
+        cluster_address(None)
