@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from raytf._internal.checks import positive_int, positive_number
+from raytf._internal.checks import non_negative_int, positive_int, positive_number
 from raytf.errors import ConfigError
 
 FIRST_EPOCH_LIMIT_S = 24 * 3600.0
@@ -87,10 +87,7 @@ class FailurePolicy:
 
     def __post_init__(self) -> None:
         m = self.max_failures
-        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
-            raise ConfigError(
-                f"FailurePolicy.max_failures must be an integer >= 0, received {m!r}."
-            )
+        non_negative_int("FailurePolicy.max_failures", m, "0 fails on the first failure.")
         positive_int(
             "FailurePolicy.checkpoint_every_steps",
             self.checkpoint_every_steps,

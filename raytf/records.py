@@ -17,12 +17,8 @@ class _Record:
 
 
 @dataclass(frozen=True)
-class WorkerRow(_Record):
-    """One actor of the run: where it ran, what it was given, and what it measured.
-
-    Parameter-server runs list their worker actors here (TensorFlow's backend: its chief);
-    server actors are :class:`ServerRow`.
-    """
+class _ActorRow(_Record):
+    """Where an actor ran and what Ray gave it."""
 
     name: str
     pid: int | None = None
@@ -31,10 +27,20 @@ class WorkerRow(_Record):
     gpu_ids: tuple[str, ...] = ()
     cuda_visible_devices: str | None = None
     role: str = "worker"
-    devices: tuple[str, ...] = ()
-    device_kind: str | None = None
     #: host:port the actor's TensorFlow server bound (all-reduce, TensorFlow's PS backend).
     address: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerRow(_ActorRow):
+    """One worker actor of the run: where it ran, what it was given, and what it measured.
+
+    Parameter-server runs list their worker actors here (TensorFlow's backend: its chief);
+    server actors are :class:`ServerRow`.
+    """
+
+    devices: tuple[str, ...] = ()
+    device_kind: str | None = None
     #: sha256 of the final weights (equal on every replica of a synchronous run).
     fingerprint: str | None = None
     #: Examples/second after the first (tracing) call.
@@ -46,17 +52,10 @@ class WorkerRow(_Record):
 
 
 @dataclass(frozen=True)
-class ServerRow(_Record):
+class ServerRow(_ActorRow):
     """One parameter server: where it ran, what it holds and the load it carried."""
 
-    name: str
-    pid: int | None = None
-    node_ip: str | None = None
-    node_id: str | None = None
-    gpu_ids: tuple[str, ...] = ()
-    cuda_visible_devices: str | None = None
     role: str = "ps"
-    address: str | None = None
     #: Names of the model and optimizer variables this server holds.
     holds: tuple[str, ...] = ()
     variables: int | None = None

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from raytf._internal.checks import positive_int
 from raytf._internal.sweep_report import NEVER, merge_config
 from raytf.callbacks import Callback, RunInfo
 from raytf.errors import ConfigError, PlacementError
@@ -258,8 +259,7 @@ def sweep(
             f"scheduler='asha' stops trials on a per-epoch metric; metric={metric!r} is only "
             "meaningful at the end. Use metric='val_accuracy' (or another log), or no scheduler."
         )
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ConfigError(f"num_samples must be a positive integer, received {num_samples!r}.")
+    positive_int("num_samples", num_samples, "It counts trials per configuration.")
 
     connect(address)
     cluster = current_cluster()

@@ -321,3 +321,35 @@ def test_tensorflow_ps_chief_or_ps_task_death_ends_the_attempt():
         with pytest.raises(WorkerError) as raised:
             backend._restart_task(Group(), member, error)
         assert raised.value is error
+
+
+@pytest.mark.parametrize(
+    ("steps", "policy", "rate", "mid_epoch", "length"),
+    [
+        (10, {}, None, True, 10),  # no interval: whole epochs
+        (10, {"checkpoint_every_steps": 4}, None, True, 4),
+        (10, {"checkpoint_every_steps": 40}, None, True, 10),
+        (100, {"checkpoint_every_s": 2.0}, None, True, 10),  # no rate yet: a tenth
+        (100, {"checkpoint_every_s": 2.0}, 7.5, True, 15),  # 2 s at 7.5 steps/s
+        (10, {"checkpoint_every_steps": 4}, None, False, 10),  # backend runs whole epochs
+    ],
+)
+def test_segment_length(steps, policy, rate, mid_epoch, length):
+    from raytf._internal.runtime.schedule import segment_length
+
+    assert segment_length(steps, raytf.FailurePolicy(**policy), rate, mid_epoch) == length
+
+
+def test_a_preemption_restored_where_it_stopped_redoes_nothing():
+    from raytf._internal.runtime import recovery
+    from raytf._internal.runtime.schedule import Segment
+
+    error = raytf.Preempted("worker-1 got SIGTERM", checkpoint="c", position=13, worker="worker-1")
+    record = recovery.detected(
+        error, 1, Segment(1, 8, 16, 16), 8, 16, checkpoint_time=90.0, now=100
+    )
+    assert (record.reached, record.partial, record.since_checkpoint_s) == (16, 8, 10.0)
+    done = recovery.restarted(record, position=13, steps=16, restored="c", skipped=(),
+                              workers=[{"name": "worker-0", "pid": 1}], now=103.5)  # fmt: skip
+    assert (done.reached, done.partial, done.steps_redone) == (13, 5, 0)
+    assert (done.restored_epoch, done.restored_step, done.time_lost_s) == (0, 13, 3.5)

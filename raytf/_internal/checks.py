@@ -25,6 +25,15 @@ def positive_int(
         )
 
 
+def non_negative_int(name: str, value: Any, fix: str = "", *, owner: str = "") -> None:
+    """``value`` must be an int >= 0 (a count that may be zero)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"{_where(owner, name)} must be an integer >= 0, received {value!r}. "
+            + (fix or f"Pass for example {name}=1.")
+        )
+
+
 def positive_number(
     name: str, value: Any, fix: str = "", *, owner: str = "", allow_none: bool = False
 ) -> None:

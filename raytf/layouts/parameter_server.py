@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from raytf._internal.checks import positive_int, positive_number
+from raytf._internal.checks import non_negative_int, positive_int, positive_number
 from raytf._internal.spec import PS_TF, TOWERS, StrategySpec
 from raytf._internal.tf_config import cluster_spec
 from raytf.errors import ConfigError
@@ -75,10 +75,7 @@ class ParameterServer(Layout):
             )
         object.__setattr__(self, "staleness", staleness)
         b = self.backup_workers
-        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-            raise ConfigError(
-                f"ParameterServer: backup_workers must be an integer >= 0, received {b!r}."
-            )
+        non_negative_int("backup_workers", b, owner="ParameterServer")
         if b >= self.workers:
             raise ConfigError(
                 f"ParameterServer: backup_workers={b} with workers={self.workers} would close a "
