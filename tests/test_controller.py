@@ -346,7 +346,7 @@ def test_a_preemption_restored_where_it_stopped_redoes_nothing():
 
     error = raytf.Preempted("worker-1 got SIGTERM", checkpoint="c", position=13, worker="worker-1")
     record = recovery.detected(
-        error, 1, Segment(1, 8, 16, 16), 8, 16, checkpoint_time=90.0, now=100
+        error, 1, Segment(0, 8, 16, 16), 8, 16, checkpoint_time=90.0, now=100
     )
     assert (record.reached, record.partial, record.since_checkpoint_s) == (16, 8, 10.0)
     done = recovery.restarted(record, position=13, steps=16, restored="c", skipped=(),
