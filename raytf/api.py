@@ -221,6 +221,7 @@ def fit(
     address: str | None = None,
     stragglers: bool = False,
     preemptible: bool = False,
+    runtime_env: dict[str, Any] | None = None,
 ) -> FitResult:
     """Train a Keras 3 model on Ray with the layout that suits the cluster.
 
@@ -231,8 +232,13 @@ def fit(
     otherwise, or parameter servers when they pay (``stragglers=True``, ``preemptible=True``,
     spare CPU-only nodes); ``result.explanation`` says why. ``failures=FailurePolicy(...)``
     lets the run survive dead or preempted actors by restarting from its newest checkpoint.
+    ``runtime_env`` (Ray's: ``working_dir``, ``py_modules``, ``pip``, ``env_vars``) reaches
+    every actor raytf starts, e.g. to ship the module your model and data functions live in.
     """
     started = time.time()
+    from raytf._internal.runtime import runtime_env as renv
+
+    renv.check(runtime_env)
     job = Job(
         model_fn=model,
         data_fn=data,
@@ -269,6 +275,7 @@ def fit(
     )
     chosen = plan_request(request, address=address)
     check_batch_split(global_batch_size, chosen.layout.num_replicas)
+    runtime_env = renv.for_actors(runtime_env)  # local paths uploaded once, as ray.init would
     if (
         failures.max_failures
         and not checkpoint_dir
@@ -297,4 +304,5 @@ def fit(
         failures=failures,
         model_dir=checkpoint_dir,
         started=started,
+        runtime_env=runtime_env,
     ).run()

@@ -122,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--steps-per-epoch", type=int)
     run.add_argument("--checkpoint-dir", help="write checkpoints and model.keras here")
     run.add_argument(
+        "--working-dir",
+        help="ship this directory to every actor (Ray's runtime_env working_dir), for models "
+        "and data functions that import modules of your project",
+    )
+    run.add_argument(
         "--max-failures",
         type=int,
         help="recover from this many dead or preempted actors (default 0: fail)",
@@ -217,7 +222,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "resume",
         "seed",
     )
-    return {k: getattr(args, k, None) for k in keys}
+    overrides = {k: getattr(args, k, None) for k in keys}
+    if getattr(args, "working_dir", None):
+        overrides["runtime_env"] = {"working_dir": args.working_dir}
+    return overrides
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

@@ -11,6 +11,11 @@ from ray import cloudpickle
 # Ray workers cannot import the tests directory: ship the workload functions by value.
 cloudpickle.register_pickle_by_value(workloads)
 
+# The tests declare GPUs to Ray that do not exist (tensorflow-cpu): let actors train on CPU
+# stand-ins for them. Without it, an actor given GPUs that TensorFlow cannot see fails fast
+# (test_gpu_contracts.py checks that). Set before any Ray starts, so every node inherits it.
+os.environ["RAYTF_CPU_STANDIN"] = "1"
+
 WATCHED = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "RAY_ADDRESS")
 
 

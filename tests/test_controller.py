@@ -125,7 +125,7 @@ class FakeGroup:
     spawned: list[int] = []
     shutdowns: list[int] = []
 
-    def __init__(self, placement, bundles):
+    def __init__(self, placement, bundles, runtime_env=None):
         self.placement = placement
 
     def spawn(self, *args):  # pragma: no cover - the fake backend does not spawn

@@ -85,6 +85,8 @@ def test_batch_that_does_not_split_fails_before_any_actor():
         ({"layout": "auto", "replicas": 8}, raytf.PlacementError, "can never be placed"),
         ({"layout": "auto", "use_gpu": True}, raytf.PlacementError, "no GPUs"),
         ({"callbacks": [print]}, raytf.ConfigError, "callbacks must be raytf.Callback"),
+        ({"runtime_env": "."}, raytf.ConfigError, r"runtime_env must be a dict .*working_dir"),
+        ({"runtime_env": {"working_dir": "/no/such"}}, raytf.ConfigError, "does not exist"),
     ],
 )
 def test_bad_arguments(kwargs, error, message):
@@ -146,3 +148,35 @@ def test_resuming_a_finished_run_says_so(tmp_path):
     fit(epochs=1, checkpoint_dir=str(tmp_path))
     with pytest.raises(raytf.ConfigError, match="at epoch 1, and epochs=1: nothing is left"):
         fit(epochs=1, checkpoint_dir=str(tmp_path), resume=True)
+
+
+def test_user_functions_in_a_module_the_actors_cannot_import(tmp_path, monkeypatch):
+    """The driver imports the user's package from its own directory; Ray's workers do not
+    run there. The error names the module and the fix, and the fix (runtime_env) works."""
+    package = tmp_path / "raytf_user_models"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import numpy as np\n"
+        "import keras\n"
+        "import tensorflow as tf\n\n"
+        "def build_model():\n"
+        "    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])\n"
+        "    model.compile(optimizer='sgd', loss='mse')\n"
+        "    return model\n\n"
+        "def make_dataset(ctx):\n"
+        "    x = np.ones((128, 4), 'float32')\n"
+        "    return ctx.shard(tf.data.Dataset.from_tensor_slices((x, x[:, :2])))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import raytf_user_models as user
+
+    with pytest.raises(raytf.ConfigError) as raised:
+        fit(model=user.build_model, data=user.make_dataset)
+    text = str(raised.value)
+    assert "cannot import 'raytf_user_models'" in text and "py_modules" in text
+    result = fit(
+        model=user.build_model,
+        data=user.make_dataset,
+        runtime_env={"py_modules": [str(package)]},
+    )
+    assert result.global_step == 128 // 64

@@ -185,7 +185,7 @@ class _KillTasks(raytf.Callback):
         self.plan = plan
 
     def on_fit_start(self, run):
-        self.pids = {row.name: row.pid for row in run.servers}
+        self.pids = {row.name: row.pid for row in (*run.workers, *run.servers)}
 
     def on_epoch_end(self, epoch, logs):
         if epoch in self.plan:

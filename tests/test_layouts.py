@@ -31,6 +31,26 @@ def reference(local_ray):
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
+def test_every_synchronous_layout_covers_the_same_examples_with_a_leftover(local_ray, name):
+    """426 examples at batch 64: each layout's batching leaves a remainder (mirrored: 13
+    per-replica batches for 6 two-replica steps). Every epoch must drop it, as Keras's fit
+    with drop_remainder does, or epochs after the first see other examples."""
+    task = local_ray.remote(max_calls=1)(workloads.keras_reference)
+    _, want = local_ray.get(task.remote(EPOCHS, BATCH, workloads.LEFTOVER_EXAMPLES))
+    result = raytf.fit(
+        workloads.mlp,
+        workloads.data_with_leftover,
+        global_batch_size=BATCH,
+        epochs=EPOCHS,
+        layout=LAYOUTS[name],
+        verbose=False,
+    )
+    assert result.global_step == EPOCHS * (workloads.LEFTOVER_EXAMPLES // BATCH)
+    for got, expected in zip(result.weights, want, strict=True):
+        np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_trains_and_matches_single_process(local_ray, reference, name):
     result = raytf.fit(
         workloads.mlp,

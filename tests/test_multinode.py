@@ -101,3 +101,25 @@ def test_doctor_checks_every_node(cluster):
     assert text.count("TensorFlow sees 0, Ray declares") == 3
     assert "fix: pip install 'raytf[gpu]'" in text
     assert "[  ok] node-to-node tcp  between two nodes: connected to" in text
+
+
+def test_each_actor_sees_its_own_gpus_and_cpu_actors_see_none(cluster):
+    """Ray 2.60 leaves CUDA_VISIBLE_DEVICES unset for actors without GPUs, so TensorFlow in
+    them would take every GPU of their node: raytf hides them. Servers needing 2 CPUs cannot
+    sit on the 1-CPU head, so the server lands on a GPU node."""
+    layout = raytf.ParameterServer(workers=2, ps=1, use_gpu=True, cpus_per_ps=2)
+    result = raytf.fit(
+        workloads.mlp, workloads.data, global_batch_size=64, layout=layout, verbose=False
+    )
+    for w in result.workers:  # each GPU worker: exactly the GPU Ray gave it
+        assert len(w.gpu_ids) == 1 and w.cuda_visible_devices == w.gpu_ids[0]
+    (server,) = result.servers
+    assert server.node_id in cluster["one_gpu"] | {cluster["two_gpu"]}
+    assert server.gpu_ids == () and server.cuda_visible_devices == ""
+    # CPU mode on GPU nodes (2 CPUs each only fit there): no GPU for TensorFlow either.
+    cpu_mode = raytf.AllReduce(workers=2, use_gpu=False, cpus_per_worker=2)
+    result = raytf.fit(
+        workloads.mlp, workloads.data, global_batch_size=64, layout=cpu_mode, verbose=False
+    )
+    for w in result.workers:
+        assert w.cuda_visible_devices == "" and w.device_kind == "CPU"

@@ -115,5 +115,10 @@ def test_tensorflow_engine_trains_with_its_own_strategy(local_ray, tmp_path):
     holds = [set(s.holds) & VARIABLES for s in result.servers]
     assert len(holds) == 2 and not holds[0] & holds[1] and holds[0] | holds[1] == VARIABLES
     assert result.checkpoint and os.path.exists(result.checkpoint + ".index")
-    assert [w.name for w in result.workers] == ["chief"]
+    # The worker tasks with the devices they drive, then the chief that measured the run.
+    assert [(w.name, w.role) for w in result.workers] == [
+        ("worker-0", "worker"), ("worker-1", "worker"), ("chief", "chief"),
+    ]  # fmt: skip
+    assert [w.devices for w in result.workers[:2]] == [("/device:CPU:0",)] * 2
+    assert result.workers[2].fingerprint and len(result.worker_throughput) == 1
     assert alive_actors() == []

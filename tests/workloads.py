@@ -38,20 +38,30 @@ def data(ctx):
     return ctx.shard(tf.data.Dataset.from_tensor_slices(arrays()))
 
 
+#: Examples that leave a remainder in every layout's batching at global batch 64: 6 steps.
+LEFTOVER_EXAMPLES = 426
+
+
+def data_with_leftover(ctx):
+    import tensorflow as tf
+
+    return ctx.shard(tf.data.Dataset.from_tensor_slices(arrays(LEFTOVER_EXAMPLES)))
+
+
 def validation(ctx):
     import tensorflow as tf
 
     return ctx.shard(tf.data.Dataset.from_tensor_slices(arrays(128, seed=1)))
 
 
-def keras_reference(epochs: int, batch: int):
+def keras_reference(epochs: int, batch: int, n: int = EXAMPLES):
     """Keras's own fit in one process on the same batches: the yardstick for every layout."""
     import keras
     import tensorflow as tf
 
     keras.utils.set_random_seed(0)
     model = mlp()
-    ds = tf.data.Dataset.from_tensor_slices(arrays()).batch(batch, drop_remainder=True)
+    ds = tf.data.Dataset.from_tensor_slices(arrays(n)).batch(batch, drop_remainder=True)
     history = model.fit(ds, epochs=epochs, verbose=0, shuffle=False)
     return history.history["loss"], model.get_weights()
 
@@ -255,3 +265,41 @@ def server_then_worker_data(pid_file: str, server_at: int, marker: str, worker_a
         return data(ctx)
 
     return fn
+
+
+#: A dynamic loss scale that grows every 3 finite steps: a run of 16 steps crosses changes.
+GROWTH_STEPS, INITIAL_SCALE = 3, 2.0**8
+
+
+def mixed_mlp():
+    """The MLP under mixed_float16 with SGD: Keras wraps it in a dynamic LossScaleOptimizer."""
+    import keras
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    model = keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(CLASSES, dtype="float32"),
+        ]
+    )
+    optimizer = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1), initial_scale=INITIAL_SCALE, dynamic_growth_steps=GROWTH_STEPS
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def keras_mixed_reference(epochs: int, batch: int):
+    """Keras's own fit of mixed_mlp in one process: final weights and loss scale."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = mixed_mlp()
+    ds = tf.data.Dataset.from_tensor_slices(arrays()).batch(batch, drop_remainder=True)
+    model.fit(ds, epochs=epochs, verbose=0, shuffle=False)
+    return model.get_weights(), float(model.optimizer.dynamic_scale.numpy())

@@ -47,6 +47,7 @@ FIT_KEYS = frozenset(
         "steps_per_execution",
         "stragglers",
         "preemptible",
+        "runtime_env",
         *FAILURE_KEYS,
     }
 )

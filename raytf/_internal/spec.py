@@ -21,6 +21,9 @@ class StrategySpec:
     cluster: dict[str, list[str]] | None = None
     communication: str = "auto"  # "ring" | "nccl" | "auto", for multi-worker
     role: str = "worker"  # TensorFlow job name: "worker", "ps" or "chief"
+    #: Declared GPUs TensorFlow cannot see may be replaced by logical CPU devices (tests and
+    #: demos with fake GPUs: RAYTF_CPU_STANDIN=1 in the driver); otherwise that is an error.
+    cpu_standin: bool = False
 
     @property
     def is_chief(self) -> bool:

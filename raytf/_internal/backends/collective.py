@@ -120,7 +120,7 @@ class CollectiveBackend(Backend):
         workers: list[Member] = group.of("worker")
         ready = self._all(group, "ready")
         addresses = self._all(group, "reserve_address") if self.layout.needs_addresses else None
-        specs = self.layout.strategy_specs(addresses)
+        specs = self.strategy_specs(addresses)
         started = group.call(
             workers, "start", [(s,) for s in specs], timeout_s=self.timeouts.peers_s, phase="peers"
         )

@@ -9,6 +9,8 @@ class; it never subclasses the controller, the group or another backend.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,9 +19,14 @@ from typing import Any, ClassVar, Protocol
 from raytf._internal.job import Job
 from raytf._internal.runtime.group import ActorGroup
 from raytf._internal.runtime.schedule import Segment
+from raytf._internal.spec import StrategySpec
 from raytf.config import Timeouts
 from raytf.errors import RaytfError
 from raytf.layouts.base import Layout
+
+#: Set to 1 in the driver to let actors given GPUs TensorFlow cannot see (fake GPUs declared
+#: to Ray in tests and demos) train on logical CPU devices instead of failing.
+STANDIN_ENV = "RAYTF_CPU_STANDIN"
 
 
 class RunHooks(Protocol):
@@ -49,7 +56,8 @@ class Built:
 class Report:
     """What a backend reads from its actors before they stop."""
 
-    finals: list[dict[str, Any]]  # per worker: fingerprint, throughput, weights (chief), ...
+    #: Per worker row of ``start``: fingerprint, throughput, ...; the chief's has the weights.
+    finals: list[dict[str, Any]]
     servers: list[dict[str, Any]] = field(default_factory=list)
     staleness: dict[str, Any] | None = None
     steps_ahead: dict[str, Any] | None = None
@@ -66,6 +74,12 @@ class Backend(ABC):
         self.layout = layout
         self.timeouts = timeouts
         self.hooks = hooks
+
+    def strategy_specs(self, addresses: list[str] | None) -> list[StrategySpec]:
+        """The layout's specs, with the driver's CPU stand-in opt-in (RAYTF_CPU_STANDIN=1)."""
+        standin = os.environ.get(STANDIN_ENV, "").lower() in ("1", "true", "yes")
+        specs = self.layout.strategy_specs(addresses)
+        return [dataclasses.replace(s, cpu_standin=standin) for s in specs]
 
     @abstractmethod
     def spawn(self, group: ActorGroup) -> None:

@@ -76,6 +76,7 @@ class Controller:
         started: float | None = None,
         group_cls: type[ActorGroup] = ActorGroup,
         placer: Placer | None = None,
+        runtime_env: dict[str, Any] | None = None,
     ) -> None:
         self.layout = self.full_layout = layout
         self.job = job
@@ -86,6 +87,7 @@ class Controller:
         self.model_dir = model_dir
         self.group_cls = group_cls
         self.placer = placer or RayPlacer()
+        self.runtime_env = runtime_env  # for every actor: working_dir, py_modules, pip, ...
         started = started or time.time()
         self.run_state = RunState(started=started, checkpoint_at=(0, started))
         self.sizing = Sizing(
@@ -188,7 +190,7 @@ class Controller:
         """A group with TensorFlow wired; a port lost to another process means a retry."""
         for attempt in range(1, BIND_ATTEMPTS + 1):
             backend = self.layout.backend_cls()(self.layout, self.timeouts, self)
-            group = self.group_cls(self.placement, self.layout.bundles())
+            group = self.group_cls(self.placement, self.layout.bundles(), self.runtime_env)
             try:
                 backend.spawn(group)
                 workers, servers = backend.start(group)

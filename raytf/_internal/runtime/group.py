@@ -9,6 +9,7 @@ to know which.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raytf.errors import Preempted, RaytfError, StartupTimeoutError, WorkerError
+from raytf.errors import ConfigError, Preempted, RaytfError, StartupTimeoutError, WorkerError
 
 #: How long to look for a dead peer behind a surviving peer's error before reporting it.
 DEATH_GRACE_S = 2.0
@@ -60,8 +61,29 @@ def recoverable(exc: BaseException) -> bool:
     return isinstance(exc, WorkerError) and exc.error_type in LOST
 
 
+def _missing_module(exc: BaseException) -> ConfigError | None:
+    """The actor could not import a module the user's functions live in (or need)."""
+    found = re.search(r"No module named '([^']+)'", str(exc))
+    if found is None or "ModuleNotFoundError" not in f"{exc!r}{exc}":
+        return None
+    module = found.group(1)
+    top = module.split(".")[0]
+    return ConfigError(
+        f"raytf's actors cannot import {module!r} (ModuleNotFoundError): your model, data or "
+        "loss functions come from a module that Ray's worker processes cannot import; they do "
+        "not run in your script's directory. Ship it with the run: "
+        f"raytf.fit(..., runtime_env={{'py_modules': ['path/to/{top}']}}) or "
+        "runtime_env={'working_dir': '.'} (YAML: runtime_env:, CLI: --working-dir .); or "
+        f"install it on every node. If {top!r} is a package from PyPI, add "
+        f"runtime_env={{'pip': ['{top}']}}."
+    )
+
+
 def unwrap(exc: BaseException, name: str) -> BaseException:
     """The error a user should see for a failed actor call."""
+    missing = _missing_module(exc)
+    if missing is not None:
+        return missing
     if isinstance(exc, ray.exceptions.RayTaskError):
         cause = exc.cause
         if isinstance(cause, RaytfError):
@@ -79,6 +101,29 @@ def unwrap(exc: BaseException, name: str) -> BaseException:
             error_type=type(exc).__name__,
         )
     return exc
+
+
+def _fits(bundle: dict[str, float], room: dict[str, float]) -> bool:
+    return all(room.get(k, 0.0) >= v for k, v in bundle.items() if v)
+
+
+def _caller_group(bundles: list[dict[str, float]]) -> tuple[PlacementGroup | None, int]:
+    """The placement group this process runs in (a Tune trial's), and where the layout's
+    bundles sit in it, so each actor takes its own bundle: left to Ray, a CPU-only server
+    may take the CPU of a GPU worker's bundle and leave that worker pending. (None, 0) when
+    there is none, or its bundles do not hold the layout's in order (Ray then places)."""
+    from ray.util.placement_group import get_current_placement_group
+
+    pg = get_current_placement_group()
+    if pg is None:
+        return None, 0
+    specs = pg.bundle_specs
+    # The layout's bundles last (after a trial's head bundle), or from the start.
+    for offset in dict.fromkeys((len(specs) - len(bundles), 0)):
+        window = specs[offset : offset + len(bundles)] if offset >= 0 else []
+        if len(window) == len(bundles) and all(map(_fits, bundles, window)):
+            return pg, offset
+    return None, 0
 
 
 def timeout_message(phase: str, timeout_s: float, missing: Sequence[str]) -> str:
@@ -110,10 +155,19 @@ class ActorGroup:
     """The actors of one attempt at running a layout, on the bundles of one placement group
     (or inside a caller's group, a Tune trial, when ``placement`` is None)."""
 
-    def __init__(self, placement: PlacementGroup | None, bundles: list[dict[str, float]]) -> None:
+    def __init__(
+        self,
+        placement: PlacementGroup | None,
+        bundles: list[dict[str, float]],
+        runtime_env: dict[str, Any] | None = None,
+    ) -> None:
         self.placement = placement
         self.bundles = bundles
+        self.runtime_env = runtime_env
         self.members: list[Member] = []
+        self.offset = 0  # of this layout's bundles in the placement group
+        if placement is None:  # inside a caller's group (a Tune trial)?
+            self.placement, self.offset = _caller_group(bundles)
 
     # ------------------------------------------------------------------ members
     def spawn(self, name: str, role: str, bundle_index: int, cls: type, *args: Any) -> Member:
@@ -124,11 +178,11 @@ class ActorGroup:
 
     def _start(self, member: Member) -> Any:
         bundle = self.bundles[member.bundle_index]
-        strategy = None  # inside a caller's placement group, actors land in it
+        strategy = None  # in a caller's group that does not match the layout: Ray places
         if self.placement is not None:
             strategy = PlacementGroupSchedulingStrategy(
                 self.placement,
-                placement_group_bundle_index=member.bundle_index,
+                placement_group_bundle_index=self.offset + member.bundle_index,
                 placement_group_capture_child_tasks=True,
             )
         return (
@@ -138,6 +192,7 @@ class ActorGroup:
                 num_gpus=bundle.get("GPU", 0),
                 max_restarts=0,
                 scheduling_strategy=strategy,
+                runtime_env=self.runtime_env,
             )
             .remote(member.name, *member.args)
         )

@@ -93,9 +93,10 @@ def announce(run: RunState, controller: Controller, built: Built, job: Job) -> N
 def fit_result(controller: Controller, report: Report) -> FitResult:
     run, job = controller.run_state, controller.job
     finals = report.finals
-    chief = finals[0]
-    throughputs = [f["throughput"] for f in finals]
-    firsts = [f["first_step_at"] for f in finals if f["first_step_at"]]
+    chief = next(f for f in finals if "weights" in f)  # the one that sent the model
+    # The actors that ran raytf's loop (TensorFlow's worker tasks only serve).
+    throughputs = [f["throughput"] for f in finals if "throughput" in f]
+    firsts = [f["first_step_at"] for f in finals if f.get("first_step_at")]
     failures = list(run.failures)
     return FitResult(
         layout=controller.layout,

@@ -141,6 +141,11 @@ class ModelData:
         batched = ds.batch(unit, drop_remainder=True)
         cardinality = int(batched.cardinality())
         steps = cardinality // self.per_step if cardinality >= 0 else None
+        if steps is not None and self.per_step > 1:
+            # A pass ends on a whole step: with per-replica batches (mirrored), the batches
+            # left over would be carried into the next epoch, which other layouts drop, and
+            # epochs after the first would see other examples than in every other layout.
+            batched = batched.take(steps * self.per_step)
         wanted = self.job.steps_per_epoch if what == "data" else self.job.validation_steps
         if steps is None and wanted is None:
             name = "steps_per_epoch" if what == "data" else "validation_steps"

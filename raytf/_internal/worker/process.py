@@ -78,8 +78,15 @@ class Process:
     """One actor process: quiet TensorFlow, no inherited TF_CONFIG, SIGTERM, a held port."""
 
     def __init__(self, name: str, handle_sigterm: bool = True) -> None:
+        import ray
+
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         os.environ.pop("TF_CONFIG", None)  # a leaked TF_CONFIG changes what strategies do
+        if not ray.get_gpu_ids():
+            # Ray 2.60 leaves CUDA_VISIBLE_DEVICES alone for actors without GPUs: TensorFlow
+            # would take every GPU of the node, and most of its memory, from the actors that
+            # were given them. Hidden before TensorFlow loads.
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
         self.name = name
         self.training = False
         self.preempted = False

@@ -46,7 +46,7 @@ class RayParameterServerBackend(Backend):
     def start(self, group: ActorGroup) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         ready = self._on(group, "worker", "ready")
         # Inside the start-up: a server that fails to come up stops every actor.
-        self.specs = self.layout.strategy_specs(None)
+        self.specs = self.strategy_specs(None)
         started = group.call(
             group.of("worker"),
             "start",

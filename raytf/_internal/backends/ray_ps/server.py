@@ -67,27 +67,36 @@ class ParameterShard:
             self.optimizer.build(trainable)
         sizes = [int(v["value"].size) for v in variables]
         n_trainable = len(trainable)
+        # Mixed precision: the loss scale travels with the weights (see step.py).
+        scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
+        extra = [1] if scaled else []
 
         # Workers send one flat float32 buffer: the gradients of this server's trainable
-        # variables, then the new values of its non-trainable ones.
+        # variables, then the new values of its non-trainable ones (then their loss scale).
         @tf.function
         def apply(flat: tf.Tensor) -> None:
-            parts = tf.split(flat, sizes)
+            parts = tf.split(flat, sizes + extra)
             grads = [
                 tf.cast(tf.reshape(p, v.shape), v.dtype)
                 for p, v in zip(parts[:n_trainable], trainable)
             ]
+            if scaled:  # a gradient computed at an older scale, brought to the current one
+                ratio = tf.cast(self.optimizer.dynamic_scale.value, tf.float32) / parts[-1][0]
+                grads = [g * tf.cast(ratio, g.dtype) for g in grads]
             if trainable:
                 self.optimizer.apply_gradients(zip(grads, trainable))
-            for p, v in zip(parts[n_trainable:], extras):
+            for p, v in zip(parts[n_trainable : len(sizes)], extras):
                 v.assign(tf.cast(tf.reshape(p, v.shape), v.dtype))
 
         @tf.function
         def values() -> tf.Tensor:
-            return tf.concat([tf.reshape(tf.cast(v.value, tf.float32), [-1]) for v in self.own], 0)
+            pieces = [tf.reshape(tf.cast(v.value, tf.float32), [-1]) for v in self.own]
+            if scaled:
+                pieces.append(tf.reshape(self.optimizer.dynamic_scale.value, [1]))
+            return tf.concat(pieces, 0)
 
         # Trace both now, not on the first step (nothing runs: tracing creates no state).
-        apply.get_concrete_function(tf.TensorSpec([sum(sizes)], tf.float32))
+        apply.get_concrete_function(tf.TensorSpec([sum(sizes + extra)], tf.float32))
         values.get_concrete_function()
         if config.get("servers", 1) > 1:
             _check_shardable(self.optimizer, config["servers"])

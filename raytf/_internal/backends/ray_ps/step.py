@@ -72,17 +72,28 @@ class GradientStep:
         ]
 
     def connect(self, owner: list[int], servers: int) -> None:
-        """Group the shared variables by server: ``owner[i]`` holds ``shared[i]``."""
+        """Group the shared variables by server: ``owner[i]`` holds ``shared[i]``.
+
+        Mixed precision: the loss scale is the server's (one server: a LossScaleOptimizer
+        cannot be sharded). It arrives as the last value of server 0's buffer, the worker
+        scales its loss by it, and sends it back after its gradients, so the server unscales
+        each gradient by the scale it was computed with, and only the server adjusts it.
+        """
         md, shared, trainable = self.md, self.shared, self.trainable
         n_trainable = len(trainable)
         groups = [[i for i, o in enumerate(owner) if o == s] for s in range(servers)]
+        scaled = isinstance(md.optimizer, keras.optimizers.LossScaleOptimizer)
 
         def unflatten(flats: list[tf.Tensor]) -> None:
-            for flat, group in zip(flats, groups):
+            for s, (flat, group) in enumerate(zip(flats, groups)):
                 sizes = [int(np.prod(shared[i].shape)) for i in group]
-                for i, part in zip(group, tf.split(flat, sizes)):
+                with_scale = scaled and s == 0
+                parts = tf.split(flat, [*sizes, 1] if with_scale else sizes)
+                for i, part in zip(group, parts):
                     var = shared[i]
                     var.assign(tf.cast(tf.reshape(part, var.shape), var.dtype))
+                if with_scale:
+                    md.optimizer.dynamic_scale.assign(tf.reshape(parts[-1], []))
 
         @tf.function
         def grad_step(flats: list[tf.Tensor], iterator: Any) -> list[tf.Tensor]:
@@ -102,6 +113,9 @@ class GradientStep:
                         value = shared[i].value
                     pieces.append(tf.reshape(tf.cast(value, tf.float32), [-1]))
                 out.append(tf.concat(pieces, axis=0))
+            if scaled:  # the scale these gradients were computed with
+                scale = tf.cast(md.optimizer.dynamic_scale.value, tf.float32)
+                out[0] = tf.concat([out[0], tf.reshape(scale, [1])], axis=0)
             return out
 
         @tf.function

@@ -42,7 +42,7 @@ class TFParameterServerBackend(Backend):
         t, members = self.timeouts, group.members
         ready = group.call(members, "ready", timeout_s=t.start_s, phase="start")
         addresses = group.call(members, "reserve_address", timeout_s=t.start_s, phase="start")
-        self.specs = self.layout.strategy_specs(addresses)  # in bundle order: chief last
+        self.specs = self.strategy_specs(addresses)  # in bundle order: chief last
         tasks = group.of("task")
         served = group.call(
             tasks, "start", [(s,) for s in self.specs[:-1]], timeout_s=t.peers_s, phase="peers"
@@ -52,8 +52,10 @@ class TFParameterServerBackend(Backend):
         )
         self.task_rows = [{**r, **s} for r, s in zip(ready[:-1], served)]
         self.watch = {m.actor.serve.remote(): m for m in tasks}
-        # The chief's row is the run's one "worker"; callbacks see every task as a server.
-        return [{**ready[-1], **chief[0]}], self.task_rows
+        # Workers: TensorFlow's worker tasks (their devices) and the chief that drives them.
+        self.worker_rows = [r for r in self.task_rows if r["role"] == "worker"]
+        chief_row = {**ready[-1], **chief[0], "role": "chief"}
+        return [*self.worker_rows, chief_row], [r for r in self.task_rows if r["role"] == "ps"]
 
     def build(self, group: ActorGroup, job: Job, recovering: bool) -> Built:
         self.job = job
@@ -108,6 +110,8 @@ class TFParameterServerBackend(Backend):
     def report(self, group: ActorGroup) -> Report:
         final = self._chief(group, "final", True, phase="final")
         placement = self._chief(group, "placement", phase="final")
+        # The worker tasks only serve: the chief measured the run and holds the model.
+        finals = [{} for _ in self.worker_rows] + [final]
         servers = []
         for row in self.task_rows:
             if row.get("role") != "ps":
@@ -115,4 +119,4 @@ class TFParameterServerBackend(Backend):
             task = "/job:ps/replica:0/task:" + row["name"].split("-")[1] + "/"
             holds = sorted(p for p, d in placement.items() if task in d + "/")
             servers.append({**row, "holds": holds})
-        return Report(finals=[final], servers=servers)
+        return Report(finals=finals, servers=servers)

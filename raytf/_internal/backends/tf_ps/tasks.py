@@ -45,6 +45,12 @@ class TFServerTask:
     def start(self, spec: StrategySpec) -> dict[str, Any]:
         import tensorflow as tf
 
+        devices: list[str] = []
+        kind = "CPU"
+        if spec.role == "worker":  # its GPU, memory growth on, before the server starts
+            from raytf._internal.worker.devices import configure_devices
+
+            devices, kind = configure_devices(spec)
         _set_tf_config(spec, spec.role, spec.worker_index)
         self.proc.release_address()
         # Held by the actor for its lifetime; killing the actor is how it stops.
@@ -56,7 +62,7 @@ class TFServerTask:
             start=True,
         )
         address = spec.cluster[spec.role][spec.worker_index]
-        return {"devices": [], "device_kind": "CPU", "address": address, "role": spec.role}
+        return {"devices": devices, "device_kind": kind, "address": address, "role": spec.role}
 
     def serve(self) -> None:
         """Block while the server runs: the driver holds this call to learn of its death."""
