@@ -146,8 +146,8 @@ def choose_layout(
             "strategy 'mirrored' (MirroredStrategy with NCCL all-reduce between the GPUs)"
             if use_gpu
             else "strategy 'towers' (one tower per logical CPU device in one tf.function; "
-            "measured 1.2-1.8x MirroredStrategy's throughput on a CPU MLP, a tie on a CNN: "
-            "docs/benchmarks.md)"
+            "measured 1.45-1.8x MirroredStrategy's throughput on a CPU MLP, a tie on a small "
+            "CNN: docs/benchmarks.md)"
         )
         return Choice(
             layout="in-graph",

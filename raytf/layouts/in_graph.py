@@ -25,7 +25,7 @@ class InGraph(Layout):
     """All replicas in one graph, driven by one actor on one node.
 
     ``strategy="towers"`` splits each batch over the devices inside one ``tf.function`` and
-    averages gradients by hand; on CPU it measured 1.45-1.8x faster than
+    averages gradients by hand; on CPU it measured 1.45-1.8x the throughput of
     ``strategy="mirrored"`` (``tf.distribute.MirroredStrategy``) on an MLP and a tie on a CNN
     (docs/benchmarks.md). Mirrored is the choice on GPUs (NCCL all-reduce, variables mirrored
     per device). ``"auto"`` picks by device type.
