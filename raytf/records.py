@@ -35,8 +35,8 @@ class _ActorRow(_Record):
 class WorkerRow(_ActorRow):
     """One worker actor of the run: where it ran, what it was given, and what it measured.
 
-    Parameter-server runs list their worker actors here (TensorFlow's backend: its chief);
-    server actors are :class:`ServerRow`.
+    Parameter-server runs list their worker actors here (TensorFlow's backend: its worker
+    tasks, then the chief that drives them); server actors are :class:`ServerRow`.
     """
 
     devices: tuple[str, ...] = ()

@@ -261,14 +261,20 @@ def sweep(
         )
     positive_int("num_samples", num_samples, "It counts trials per configuration.")
 
+    from raytf._internal.runtime import runtime_env as renv
+
+    renv.check(config.get("runtime_env"))
     connect(address)
     cluster = current_cluster()
+    config = dict(config)
+    if config.get("runtime_env"):  # uploaded once here: trials run in their own directories
+        config["runtime_env"] = renv.for_actors(config["runtime_env"])
     experiment = Experiment(
         path=experiment_file or "<api>",
         model=model,
         data=data,
         validation_data=validation_data,
-        config=dict(config),
+        config=config,
         targets=dict(targets or {}),
         module_path=experiment_file,
     )

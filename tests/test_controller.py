@@ -353,3 +353,40 @@ def test_a_preemption_restored_where_it_stopped_redoes_nothing():
                               workers=[{"name": "worker-0", "pid": 1}], now=103.5)  # fmt: skip
     assert (done.reached, done.partial, done.steps_redone) == (13, 5, 0)
     assert (done.restored_epoch, done.restored_step, done.time_lost_s) == (0, 13, 3.5)
+
+
+@pytest.mark.parametrize(
+    ("group", "expected"),
+    [
+        (None, None),  # not inside a caller's placement group
+        # Tune drops an empty head bundle: the layout's bundles from index 0.
+        ([{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 1}, {"CPU": 1}], 0),
+        # A real head bundle first: the layout's bundles after it.
+        ([{"CPU": 1}, {"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 1}, {"CPU": 1}], 1),
+        # Bundles that cannot hold the layout's in order: left to Ray.
+        ([{"CPU": 1}, {"CPU": 1}, {"CPU": 1}], None),
+    ],
+)
+def test_actors_are_pinned_to_their_bundles_in_a_callers_placement_group(
+    monkeypatch, group, expected
+):
+    """Inside a Tune trial each actor takes bundle offset + its index, so a CPU-only server
+    cannot take the CPU of a GPU worker's bundle and leave that worker pending."""
+    import importlib
+
+    from raytf._internal.runtime.group import _caller_group
+
+    pg_module = importlib.import_module("ray.util.placement_group")  # not ray.util's function
+
+    class Group:
+        bundle_specs = group
+
+    monkeypatch.setattr(
+        pg_module, "get_current_placement_group", lambda: None if group is None else Group()
+    )
+    layout = raytf.ParameterServer(workers=2, ps=1, use_gpu=True).bundles()
+    placement, offset = _caller_group(layout)
+    if expected is None:
+        assert (placement, offset) == (None, 0)
+    else:
+        assert isinstance(placement, Group) and offset == expected

@@ -203,3 +203,20 @@ def test_a_step_the_dead_worker_pushed_only_elsewhere_closes_without_it():
         np.testing.assert_array_equal(s.applied, [g(1.0)])  # worker 0's alone
 
     run(scenario())
+
+
+def test_an_update_the_server_refuses_is_dropped_without_a_new_version():
+    """Mixed precision: an asynchronous push that overflowed at a larger loss scale than the
+    server's now is refused by the server's apply; it counts as dropped, not applied."""
+
+    async def scenario():
+        s = shard(2, staleness=None)
+        refused = s._apply
+        s._apply = lambda flat: False if flat[0] < 0 else refused(flat)
+        await s.start_epoch(steps=2)
+        await s.push(0, 0, g(-1.0), False)  # refused
+        await s.push(1, 0, g(2.0), False)  # applied
+        assert (s.version, s.stats["applied"], s.stats["dropped"]) == (1, 1, 1)
+        np.testing.assert_array_equal(s.applied, [g(2.0)])
+
+    run(scenario())

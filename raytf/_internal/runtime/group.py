@@ -9,6 +9,7 @@ to know which.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -62,20 +63,39 @@ def recoverable(exc: BaseException) -> bool:
 
 
 def _missing_module(exc: BaseException) -> ConfigError | None:
-    """The actor could not import a module the user's functions live in (or need)."""
-    found = re.search(r"No module named '([^']+)'", str(exc))
-    if found is None or "ModuleNotFoundError" not in f"{exc!r}{exc}":
+    """An actor could not import a module that this driver imports from the user's project
+    (not an installed package): the functions raytf shipped need it. A module missing here
+    too (a typo, an uninstalled dependency) is the user's own error, reported as it is."""
+    import importlib.util
+    import sysconfig
+
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
+    if isinstance(cause, WorkerError):
+        if cause.error_type != "ModuleNotFoundError":
+            return None
+        text = cause.args[0]
+    else:
+        text = f"{cause!r}"
+    found = re.search(r"No module named '([^']+)'", text)
+    if found is None:
         return None
     module = found.group(1)
     top = module.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    installed = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    origin = (spec.origin or "") if spec else ""
+    if spec is None or any(origin.startswith(p) for p in installed):
+        return None  # not the driver's own module: the original error says what is missing
     return ConfigError(
-        f"raytf's actors cannot import {module!r} (ModuleNotFoundError): your model, data or "
-        "loss functions come from a module that Ray's worker processes cannot import; they do "
-        "not run in your script's directory. Ship it with the run: "
-        f"raytf.fit(..., runtime_env={{'py_modules': ['path/to/{top}']}}) or "
-        "runtime_env={'working_dir': '.'} (YAML: runtime_env:, CLI: --working-dir .); or "
-        f"install it on every node. If {top!r} is a package from PyPI, add "
-        f"runtime_env={{'pip': ['{top}']}}."
+        f"raytf's actors cannot import {module!r}, which this program imports from "
+        f"{os.path.dirname(origin) or origin!r}: your model, data or loss functions use it, "
+        "and Ray's worker processes do not run in your script's directory. Ship it with the "
+        f"run: raytf.fit(..., runtime_env={{'py_modules': ['path/to/{top}']}}) or "
+        "runtime_env={'working_dir': '.'} (YAML: runtime_env:, CLI: --working-dir .), or "
+        f"install it on every node. The actor said: {text.splitlines()[0][:300]}"
     )
 
 

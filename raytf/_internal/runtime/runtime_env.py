@@ -17,6 +17,10 @@ from raytf.errors import ConfigError
 log = logging.getLogger("raytf")
 
 
+def _is_local(path: Any) -> bool:
+    return isinstance(path, str) and "://" not in path
+
+
 def check(runtime_env: Any) -> None:
     """Before Ray starts: a dict, and its local paths exist."""
     if runtime_env is None:
@@ -26,10 +30,15 @@ def check(runtime_env: Any) -> None:
             f"runtime_env must be a dict as Ray takes it, received {type(runtime_env).__name__}"
             "; for example runtime_env={'working_dir': '.'} or {'py_modules': ['mypkg']}."
         )
+    if "py_modules" in runtime_env and not isinstance(runtime_env["py_modules"], list):
+        raise ConfigError(
+            f"runtime_env py_modules must be a list, received {runtime_env['py_modules']!r}; "
+            "for example {'py_modules': ['src/mypkg']}."
+        )
     for key in ("working_dir", "py_modules"):
         paths = runtime_env.get(key)
         for path in paths if isinstance(paths, list) else [paths]:
-            if isinstance(path, str) and "://" not in path and not os.path.exists(path):
+            if _is_local(path) and not os.path.exists(path):
                 raise ConfigError(
                     f"runtime_env {key} {path!r} does not exist (relative to "
                     f"{os.getcwd()!r}); pass a directory (or .py file / package) on this machine."
@@ -44,13 +53,32 @@ def for_actors(runtime_env: dict[str, Any] | None) -> dict[str, Any] | None:
     from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
     from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
 
+    local = []
+    for key in ("working_dir", "py_modules"):
+        paths = runtime_env.get(key)
+        local += [p for p in (paths if isinstance(paths, list) else [paths]) if _is_local(p)]
     node = getattr(ray._private.worker.global_worker, "node", None)
-    if node is None:  # Ray Client uploads on the server side
+    if node is None:  # Ray Client: only the job-level env uploads local paths
+        if local:
+            raise ConfigError(
+                f"runtime_env names local paths {local}, which Ray uploads only for the whole "
+                "job under Ray Client (ray://): pass it to ray.init(address='ray://...', "
+                "runtime_env=...) before calling raytf, and drop it here."
+            )
         return dict(runtime_env)
     scratch = node.get_runtime_env_dir_path()
-    env = upload_py_modules_if_needed(
-        dict(runtime_env), include_gitignore=True, scratch_dir=scratch, logger=log
-    )
-    env = upload_working_dir_if_needed(env, include_gitignore=True, scratch_dir=scratch, logger=log)
+    try:
+        env = upload_py_modules_if_needed(
+            dict(runtime_env), include_gitignore=True, scratch_dir=scratch, logger=log
+        )
+        env = upload_working_dir_if_needed(
+            env, include_gitignore=True, scratch_dir=scratch, logger=log
+        )
+    except (ValueError, TypeError, OSError, RuntimeError) as exc:
+        raise ConfigError(
+            f"runtime_env {runtime_env!r} could not be uploaded to the cluster: "
+            f"{type(exc).__name__}: {exc}. working_dir takes a directory (or a .zip), "
+            "py_modules a list of package directories, .py files or wheels."
+        ) from exc
     env.pop("excludes", None)
     return env

@@ -82,7 +82,7 @@ class Process:
 
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         os.environ.pop("TF_CONFIG", None)  # a leaked TF_CONFIG changes what strategies do
-        if not ray.get_gpu_ids():
+        if ray.is_initialized() and not ray.get_gpu_ids():
             # Ray 2.60 leaves CUDA_VISIBLE_DEVICES alone for actors without GPUs: TensorFlow
             # would take every GPU of the node, and most of its memory, from the actors that
             # were given them. Hidden before TensorFlow loads.

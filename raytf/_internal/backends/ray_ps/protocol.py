@@ -1,9 +1,10 @@
 """A parameter server's consistency rules, as a state machine over asyncio: no Ray, no TF.
 
-The server actor hands it two functions, ``apply(flat)`` (one update of its variables) and
-``values()`` (its variables as one flat buffer), and forwards every push, pull and epoch
-call here. Waits (a synchronous step's barrier, the staleness bound) are ``asyncio`` waits
-that hold no thread, so one event loop serialises every update.
+The server actor hands it two functions, ``apply(flat)`` (one update of its variables; it
+returns False to refuse one, e.g. a stale overflow under mixed precision) and ``values()``
+(its variables as one flat buffer), and forwards every push, pull and epoch call here.
+Waits (a synchronous step's barrier, the staleness bound) are ``asyncio`` waits that hold no
+thread, so one event loop serialises every update.
 
 An epoch ends on the servers, not on each worker: ``start_epoch`` sets a target version (the
 epoch's synchronous steps, or every worker batch of it when updates are applied one by one),
@@ -43,7 +44,7 @@ class ShardProtocol:
         workers: int,
         staleness: int | None,
         backup_workers: int,
-        apply: Callable[[Any], None],
+        apply: Callable[[Any], bool | None],
         values: Callable[[], Any],
         version: int = 0,
     ) -> None:
@@ -179,8 +180,11 @@ class ShardProtocol:
         self.cond.notify_all()
 
     def _apply_one(self, flat: Any) -> None:
+        """One update; ``apply`` may refuse it (False): counted as dropped, no new version."""
         t0 = time.perf_counter()
-        self._apply(flat)
+        if self._apply(flat) is False:
+            self.stats["dropped"] += 1
+            return
         self.version += 1
         self.stats["applied"] += 1
         self.stats["apply_seconds"] += time.perf_counter() - t0

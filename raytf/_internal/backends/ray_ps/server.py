@@ -38,6 +38,7 @@ class ParameterShard:
         checkpoint_dir, resume. Returns where to start (after a restore) and the bytes held.
         """
         import keras
+        import numpy as np
         import tensorflow as tf
 
         from raytf._internal.worker.model import build_compiled_model
@@ -103,11 +104,22 @@ class ParameterShard:
         epoch, step, version = self._setup_checkpoint(
             config.get("checkpoint_dir"), config.get("resume", False)
         )
+
+        def update(flat: Any) -> bool:
+            """Apply one flat push; False for a stale overflow, which is dropped: computed at
+            a larger scale than now, the scale was already halved for it (asynchronous
+            pushes), and Keras would not halve twice."""
+            stale = scaled and flat[-1] > float(self.optimizer.dynamic_scale.numpy())
+            if stale and not np.isfinite(flat[:-1]).all():
+                return False
+            apply(flat)
+            return True
+
         self.protocol = ShardProtocol(
             config["workers"],
             config["staleness"],
             config.get("backup_workers", 0),
-            apply=apply,
+            apply=update,
             values=lambda: values().numpy(),
             version=version,
         )

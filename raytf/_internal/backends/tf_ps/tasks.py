@@ -54,11 +54,15 @@ class TFServerTask:
         _set_tf_config(spec, spec.role, spec.worker_index)
         self.proc.release_address()
         # Held by the actor for its lifetime; killing the actor is how it stops.
+        # The server builds its devices from this config, not from the eager context:
+        # memory growth has to be said here too.
+        config = tf.compat.v1.ConfigProto(gpu_options=tf.compat.v1.GPUOptions(allow_growth=True))
         self.server = tf.distribute.Server(
             tf.train.ClusterSpec(spec.cluster),
             job_name=spec.role,
             task_index=spec.worker_index,
             protocol="grpc",
+            config=config,
             start=True,
         )
         address = spec.cluster[spec.role][spec.worker_index]
