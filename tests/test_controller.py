@@ -390,3 +390,27 @@ def test_actors_are_pinned_to_their_bundles_in_a_callers_placement_group(
         assert (placement, offset) == (None, 0)
     else:
         assert isinstance(placement, Group) and offset == expected
+
+
+def test_only_the_drivers_own_modules_get_the_ship_it_advice(tmp_path, monkeypatch):
+    from raytf._internal.runtime.group import unwrap
+
+    def raised_in_actor(module: str) -> WorkerError:
+        return WorkerError(
+            f"worker failed in build: ModuleNotFoundError: No module named '{module}'",
+            worker="worker",
+            error_type="ModuleNotFoundError",
+        )
+
+    # A typo, or a package installed nowhere: the user's own error, as it was raised.
+    typo = raised_in_actor("kerass")
+    assert unwrap(typo, "worker") is typo
+    # An installed package (numpy is in the driver's site-packages): not "ship your module".
+    assert unwrap(raised_in_actor("numpy"), "worker") is not None
+    assert isinstance(unwrap(raised_in_actor("numpy"), "worker"), WorkerError)
+    # A module of the user's project, importable here but not in the actors: the fix.
+    (tmp_path / "my_project_models.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    advice = unwrap(raised_in_actor("my_project_models"), "worker")
+    assert isinstance(advice, raytf.ConfigError)
+    assert "runtime_env" in str(advice) and str(tmp_path) in str(advice)
