@@ -4,7 +4,7 @@
 >>> print(result.layout, result.explanation, result.history, result.throughput)
 """
 
-from raytf.api import Plan, fit, plan
+from raytf.api import Plan, fit, plan, trial_resources
 from raytf.callbacks import Callback, ProgressLogger, RunInfo
 from raytf.config import FailurePolicy, Timeouts
 from raytf.data import InputContext
@@ -51,4 +51,5 @@ __all__ = [
     "layout_names",
     "plan",
     "sweep",
+    "trial_resources",
 ]

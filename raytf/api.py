@@ -178,6 +178,47 @@ def plan_request(
     return Plan(chosen, explanation, cluster)
 
 
+def trial_resources(
+    layout: str | Layout = "auto",
+    replicas: int | None = None,
+    use_gpu: bool | None = None,
+    *,
+    cluster: ClusterInfo | Sequence[tuple[float, float]] | None = None,
+    address: str | None = None,
+    stragglers: bool = False,
+    preemptible: bool = False,
+) -> Any:
+    """The Ray Tune resources for a trial that calls :func:`fit` with these arguments.
+
+    >>> tune.Tuner(tune.with_resources(train, raytf.trial_resources(layout="all-reduce",
+    ...                                                             replicas=4)), ...)
+
+    A ``tune.PlacementGroupFactory`` with an empty bundle for the trial itself and one bundle
+    per actor of the layout :func:`plan` picks; raytf's actors then take their own bundles.
+    Pass a function of the trial's config to ``tune.with_resources`` when trials differ.
+    """
+    chosen = plan(
+        layout,
+        replicas=replicas,
+        use_gpu=use_gpu,
+        cluster=cluster,
+        address=address,
+        stragglers=stragglers,
+        preemptible=preemptible,
+    )
+    return placement_factory(chosen)
+
+
+def placement_factory(chosen: Plan) -> Any:
+    """Tune's resources for one trial running ``chosen``: an empty bundle for the trial
+    itself (Tune drops it from the group), then one per actor."""
+    from ray import tune
+
+    return tune.PlacementGroupFactory(
+        [{}, *chosen.bundles], strategy=chosen.layout.placement_strategy
+    )
+
+
 def check_elastic(policy: FailurePolicy, layout: Layout) -> None:
     """An elastic policy needs a layout that can change its worker count, and room to shrink."""
     if layout.resized(layout.num_workers) is None:

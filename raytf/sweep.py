@@ -137,7 +137,7 @@ def _trial_resources(config: Mapping[str, Any], spec: _Spec, cluster: Any) -> An
     from ray import tune
 
     from raytf._internal.resolve import LayoutRequest
-    from raytf.api import plan_request
+    from raytf.api import placement_factory, plan_request
 
     merged = merge_config(spec.experiment.config, config, spec.model_params)
     try:
@@ -145,9 +145,7 @@ def _trial_resources(config: Mapping[str, Any], spec: _Spec, cluster: Any) -> An
     except (PlacementError, ConfigError):
         # Never fits: a token reservation, so the trial starts and reports why at once.
         return tune.PlacementGroupFactory([{"CPU": 0.01}])
-    return tune.PlacementGroupFactory(
-        [{}, *chosen.bundles], strategy=chosen.layout.placement_strategy
-    )
+    return placement_factory(chosen)
 
 
 @dataclass(frozen=True)

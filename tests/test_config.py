@@ -57,6 +57,7 @@ def test_public_api_is_small_and_explicit():
         "layout_names",
         "plan",
         "sweep",
+        "trial_resources",
     }
 
 

@@ -91,7 +91,8 @@ def test_a_tune_trial_with_gpu_worker_bundles_and_a_server_starts_and_finishes(
         )
 
     # The trial's head bundle, then the layout's: GPU workers first, a CPU-only server last.
-    resources = tune.PlacementGroupFactory([{}, *layout.bundles()])
+    resources = raytf.trial_resources(layout)
+    assert resources.bundles == [{"CPU": 1.0, "GPU": 1.0}] * 2 + [{"CPU": 1.0}]
     tuner = tune.Tuner(
         tune.with_resources(trial, resources),
         run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0),
@@ -101,3 +102,25 @@ def test_a_tune_trial_with_gpu_worker_bundles_and_a_server_starts_and_finishes(
     metrics = outcome.metrics
     assert sorted(g for gpus in metrics["worker_gpus"] for g in gpus) == ["0", "1"]
     assert metrics["server_gpus"] == [[]] and metrics["server_cuda"] == [""]
+
+
+def test_a_tune_trial_that_reserved_too_little_is_told_what_to_reserve(ray_with_gpus, tmp_path):
+    from ray import tune
+
+    def trial(config):
+        raytf.fit(
+            workloads.mlp,
+            workloads.data,
+            global_batch_size=64,
+            layout=raytf.AllReduce(workers=2),
+            verbose=False,
+        )
+
+    tuner = tune.Tuner(
+        tune.with_resources(trial, {"cpu": 1}),  # Tune's default: one CPU for the trial
+        run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0),
+    )
+    (outcome,) = tuner.fit()
+    text = str(outcome.error)
+    assert "PlacementError" in text and "reserved [{'CPU': 1.0}]" in text, text[-2000:]
+    assert "raytf.trial_resources(layout=raytf.AllReduce(workers=2" in text

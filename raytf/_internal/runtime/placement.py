@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Protocol
 
+from raytf._internal.cluster import ClusterInfo, bundles_fit
 from raytf.errors import PlacementError
 from raytf.layouts.base import Layout
 
@@ -24,6 +25,20 @@ class Placer(Protocol):
     def probe(self, bundles: list[dict[str, float]], strategy: str) -> bool: ...
 
 
+def check_caller_group(layout: Layout, reserved: list[dict[str, float]]) -> None:
+    """Inside a caller's placement group (a Tune trial) raytf's actors land in its bundles:
+    if those can never hold the layout's, say so now, rather than leave actors pending."""
+    room = ClusterInfo.from_counts(*((b.get("CPU", 0.0), b.get("GPU", 0.0)) for b in reserved))
+    if bundles_fit(layout.bundles(), room):
+        return
+    raise PlacementError(
+        f"raytf.fit runs inside a placement group (a Ray Tune trial) that reserved {reserved}, "
+        f"but {layout.describe()} needs {layout.bundles()}, one bundle per actor. Reserve "
+        f"them for the trial: tune.with_resources(trainable, "
+        f"raytf.trial_resources(layout=raytf.{layout!r}))."
+    )
+
+
 class RayPlacer:
     """Placement groups on the connected Ray cluster."""
 
@@ -33,11 +48,18 @@ class RayPlacer:
         return get_current_placement_group() is not None
 
     def reserve(self, layout: Layout, timeout_s: float) -> Any:
-        """A placement group for the layout's bundles, or None inside a caller's group."""
+        """A placement group for the layout's bundles, or None inside a caller's group (a
+        Tune trial), which must be able to hold them."""
         import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.placement_group import (
+            get_current_placement_group,
+            placement_group,
+            remove_placement_group,
+        )
 
-        if self.inside_caller_group():
+        caller = get_current_placement_group()
+        if caller is not None:
+            check_caller_group(layout, caller.bundle_specs)
             return None
         bundles = layout.bundles()
         pg = placement_group(bundles, strategy=layout.placement_strategy)
