@@ -38,6 +38,18 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def ray_with_gpus():
+    """A real local Ray with 2 fake GPUs declared (TensorFlow here is CPU-only: stand-ins)."""
+    import ray
+
+    ray.init(
+        address="local", num_cpus=4, num_gpus=2, include_dashboard=False, logging_level="WARNING"
+    )
+    yield ray
+    ray.shutdown()
+
+
 def alive_actors() -> list[str]:
     """Names of live actor classes, from the GCS (the state API needs the dashboard)."""
     import ray

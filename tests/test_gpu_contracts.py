@@ -17,17 +17,6 @@ import raytf
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def ray_with_gpus():
-    import ray
-
-    ray.init(
-        address="local", num_cpus=4, num_gpus=2, include_dashboard=False, logging_level="WARNING"
-    )
-    yield ray
-    ray.shutdown()
-
-
 def test_declared_gpus_tensorflow_cannot_see_are_refused_without_the_opt_in(
     ray_with_gpus, monkeypatch
 ):

@@ -13,17 +13,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def ray_with_gpus():
-    import ray
-
-    ray.init(
-        address="local", num_cpus=4, num_gpus=2, include_dashboard=False, logging_level="WARNING"
-    )
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def swept(ray_with_gpus, tmp_path_factory):
     from ray import tune
 
