@@ -140,9 +140,6 @@ class FakePlacer:
         self.capacity = capacity  # workers that fit
         self.released = 0
 
-    def inside_caller_group(self) -> bool:
-        return False
-
     def reserve(self, layout, timeout_s):
         if layout.num_workers > self.capacity:
             raise PlacementError(f"{layout.num_workers} do not fit")

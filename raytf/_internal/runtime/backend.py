@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -113,15 +112,3 @@ class Backend(ABC):
     @abstractmethod
     def report(self, group: ActorGroup) -> Report:
         """The final model and what the actors measured."""
-
-
-class NoHooks:
-    """For a backend run outside a controller (benchmarks): nothing is replaced in place."""
-
-    @contextlib.contextmanager
-    def replacing(self, error: RaytfError) -> Iterator[None]:
-        raise error
-        yield  # pragma: no cover
-
-    def replaced(self, row: dict[str, Any], redone: int, resumed_batch: int | None) -> None:
-        pass

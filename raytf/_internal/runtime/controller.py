@@ -215,7 +215,7 @@ class Controller:
         length = schedule.segment_length(
             steps, self.policy, run.rate, a.backend.mid_epoch_checkpoints
         )
-        segment = next(schedule.segments(a.epoch, a.step, steps, length, a.built.validation_steps))
+        segment = schedule.next_segment(a.epoch, a.step, steps, length, a.built.validation_steps)
         run.segment = segment
         t0 = time.perf_counter()
         results = a.backend.train(a.group, segment, self.timeouts.epoch_limit(run.durations))

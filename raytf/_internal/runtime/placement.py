@@ -20,7 +20,6 @@ GROW_PROBE_S = 1.0
 class Placer(Protocol):
     def reserve(self, layout: Layout, timeout_s: float) -> Any: ...
     def release(self, placement: Any) -> None: ...
-    def inside_caller_group(self) -> bool: ...
     def has_free(self, bundles: list[dict[str, float]]) -> bool: ...
     def probe(self, bundles: list[dict[str, float]], strategy: str) -> bool: ...
 
@@ -41,11 +40,6 @@ def check_caller_group(layout: Layout, reserved: list[dict[str, float]]) -> None
 
 class RayPlacer:
     """Placement groups on the connected Ray cluster."""
-
-    def inside_caller_group(self) -> bool:
-        from ray.util.placement_group import get_current_placement_group
-
-        return get_current_placement_group() is not None
 
     def reserve(self, layout: Layout, timeout_s: float) -> Any:
         """A placement group for the layout's bundles, or None inside a caller's group (a

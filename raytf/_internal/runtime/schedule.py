@@ -6,7 +6,7 @@ most one. Epoch logs from several workers are merged here too.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from raytf.config import FailurePolicy
@@ -54,16 +54,12 @@ def segment_length(
     return steps
 
 
-def segments(
+def next_segment(
     epoch: int, first: int, steps: int, length: int, validation_steps: int | None = None
-) -> Iterator[Segment]:
-    """The segments of ``epoch`` from step ``first``; ``length`` is read per segment by the
-    caller when it changes (a rate measured), so this yields one at a time."""
-    step = first
-    while step < steps:
-        stop = min(steps, step + length)
-        yield Segment(epoch, step, stop, steps, validation_steps)
-        step = stop
+) -> Segment:
+    """The segment of ``epoch`` that starts at step ``first`` and runs ``length`` steps (fewer
+    at the epoch's end); the caller asks again with a new length once a rate is measured."""
+    return Segment(epoch, first, min(steps, first + length), steps, validation_steps)
 
 
 def agreed_start(starts: Sequence[int], epochs: int, where: str | None, recovering: bool) -> int:
