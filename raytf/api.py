@@ -253,7 +253,7 @@ def fit(
     checkpoint_dir: str | None = None,
     checkpoint_every: int = 1,
     resume: bool = False,
-    callbacks: Sequence[Callback] = (),
+    callbacks: Sequence[Any] = (),
     verbose: bool = True,
     seed: int | None = 0,
     steps_per_execution: int | str = "auto",
@@ -263,6 +263,9 @@ def fit(
     stragglers: bool = False,
     preemptible: bool = False,
     runtime_env: dict[str, Any] | None = None,
+    class_weight: dict[int, float] | None = None,
+    validation_freq: int = 1,
+    initial_epoch: int = 0,
 ) -> FitResult:
     """Train a Keras 3 model on Ray with the layout that suits the cluster.
 
@@ -275,11 +278,30 @@ def fit(
     lets the run survive dead or preempted actors by restarting from its newest checkpoint.
     ``runtime_env`` (Ray's: ``working_dir``, ``py_modules``, ``pip``, ``env_vars``) reaches
     every actor raytf starts, e.g. to ship the module your model and data functions live in.
+
+    ``callbacks`` takes Keras callbacks (run in the workers: writers on the chief, the rest
+    on every worker with the global logs, decisions made global; see docs/keras.md) and
+    raytf callbacks (run here, in the driver). ``class_weight``, ``validation_freq`` and
+    ``initial_epoch`` mean what they mean in ``model.fit``; a model's own ``train_step`` and
+    ``test_step`` run in every layout that can run them, and are refused by name elsewhere.
     """
     started = time.time()
     from raytf._internal.runtime import runtime_env as renv
+    from raytf._internal.worker import keras_callbacks
 
     renv.check(runtime_env)
+    driver_hooks, keras_hooks = [], []
+    for cb in callbacks:
+        if isinstance(cb, Callback):
+            driver_hooks.append(cb)
+        elif keras_callbacks.is_keras_callback(cb):
+            keras_hooks.append(cb)
+        else:
+            raise ConfigError(
+                f"callbacks must be keras.callbacks.Callback or raytf.Callback instances, "
+                f"received {type(cb).__name__} ({cb!r:.80})."
+            )
+    keras_callbacks.check(keras_hooks)
     job = Job(
         model_fn=model,
         data_fn=data,
@@ -296,6 +318,10 @@ def fit(
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
         resume=resume,
+        keras_callbacks=tuple(keras_hooks),
+        class_weight=class_weight,
+        validation_freq=validation_freq,
+        initial_epoch=initial_epoch,
     )
     timeouts = timeouts or Timeouts()
     if not isinstance(timeouts, Timeouts):
@@ -306,11 +332,6 @@ def fit(
             f"failures must be a raytf.FailurePolicy, received {failures!r}; for example "
             "failures=raytf.FailurePolicy(max_failures=3, checkpoint_every_steps=100)."
         )
-    for cb in callbacks:
-        if not isinstance(cb, Callback):
-            raise ConfigError(
-                f"callbacks must be raytf.Callback instances, received {type(cb).__name__}."
-            )
     request = LayoutRequest(  # a typo fails here, before Ray starts
         layout, replicas=replicas, use_gpu=use_gpu, stragglers=stragglers, preemptible=preemptible
     )
@@ -335,7 +356,7 @@ def fit(
 
     from raytf._internal.runtime.controller import Controller
 
-    hooks = [ProgressLogger(), *callbacks] if verbose else list(callbacks)
+    hooks = [ProgressLogger(), *driver_hooks] if verbose else driver_hooks
     return Controller(
         chosen.layout,
         job,

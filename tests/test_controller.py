@@ -14,7 +14,7 @@ import pytest
 
 import raytf
 from raytf._internal.job import Job
-from raytf._internal.runtime.backend import Backend, Built, Report
+from raytf._internal.runtime.backend import Backend, Built, EpochEnd, Report
 from raytf._internal.runtime.controller import BIND_FAILURE, Controller, State
 from raytf.errors import PlacementError, WorkerError
 from raytf.layouts.base import Layout
@@ -36,6 +36,8 @@ class Script:
         self.trained: list[tuple[int, int, int, int]] = []  # (workers, epoch, start, stop)
         self.builds: list[tuple[int, bool, int]] = []  # (workers, resume, global batch)
         self.replace_at: tuple[int, int] | None = None
+        self.stop_after: int | None = None  # the epoch whose callbacks stop training
+        self.begun: list[int] = []  # epochs begun (begin_epoch)
 
 
 @dataclass(frozen=True)
@@ -113,9 +115,12 @@ class FakeBackend(Backend):
         self.script.saved = epoch * STEPS + step
         return f"ckpt-{self.script.saved}"
 
-    def end_epoch(self, group, epoch, results):
+    def begin_epoch(self, group, epoch):
+        self.script.begun.append(epoch)
+
+    def end_epoch(self, group, epoch, results, logs):
         self.script.saved = (epoch + 1) * STEPS
-        return f"ckpt-{self.script.saved}"
+        return EpochEnd(f"ckpt-{self.script.saved}", logs, epoch == self.script.stop_after)
 
     def report(self, group):
         return Report(finals=[{"throughput": 1.0, "first_step_at": None, "weights": []}])
@@ -156,10 +161,10 @@ class FakePlacer:
 
 
 def controller(
-    script: Script, epochs=2, workers=2, placer=None, backend=None, **policy
+    script: Script, epochs=2, workers=2, placer=None, backend=None, job=None, **policy
 ) -> Controller:
     FakeGroup.spawned, FakeGroup.shutdowns = [], []
-    job = Job(model_fn=print, data_fn=print, global_batch_size=8, epochs=epochs)
+    job = job or Job(model_fn=print, data_fn=print, global_batch_size=8, epochs=epochs)
     return Controller(
         FakeLayout(workers=workers, script=script, backend=backend),
         job,
@@ -188,6 +193,43 @@ def test_segments_follow_the_policy_and_end_done():
     assert [t[1:] for t in script.trained] == [(0, 0, 3), (0, 3, 4), (1, 0, 3), (1, 3, 4)]
     assert c.result.history["loss"] == [1.0, 0.5] and c.result.failures == []
     assert c.result.steps_trained == 2 * STEPS
+
+
+def test_a_callbacks_stop_ends_the_run_after_that_epoch_and_epochs_begin_once():
+    script = Script()
+    script.stop_after = 1
+    c = controller(script, epochs=5, checkpoint_every_steps=3)
+    assert run_states(c)[-1] == "done"
+    assert script.begun == [0, 1]  # once per epoch, not per segment
+    assert {t[1] for t in script.trained} == {0, 1}
+    assert c.result.epochs_trained == 2 and len(c.result.history["loss"]) == 2
+
+
+def test_validation_freq_and_initial_epoch_shape_the_segments():
+    script = Script()
+    job = Job(
+        model_fn=print,
+        data_fn=print,
+        validation_fn=print,
+        global_batch_size=8,
+        epochs=5,
+        validation_freq=2,
+        initial_epoch=1,
+    )
+
+    class Validating(FakeBackend):
+        def build(self, group, job, recovering):
+            return Built(STEPS, 2, job.initial_epoch, 0)
+
+        def train(self, group, segment, timeout_s):
+            script.trained.append((segment.epoch, segment.validation_steps))
+            return [{"logs": {"loss": 1.0}, "throughput": 1.0, "global_step": 0}]
+
+    c = controller(script, job=job, backend=Validating)
+    run_states(c)
+    # Epochs 2..5 (Keras counts from initial_epoch); validation after every 2nd epoch.
+    assert script.trained == [(1, 2), (2, None), (3, 2), (4, None)]
+    assert c.result.epochs_trained == 4
 
 
 def test_a_lost_worker_restarts_the_group_from_the_newest_checkpoint():

@@ -303,3 +303,108 @@ def keras_mixed_reference(epochs: int, batch: int):
     ds = tf.data.Dataset.from_tensor_slices(arrays()).batch(batch, drop_remainder=True)
     model.fit(ds, epochs=epochs, verbose=0, shuffle=False)
     return model.get_weights(), float(model.optimizer.dynamic_scale.numpy())
+
+
+def custom_step_model():
+    """The MLP with its own train_step and test_step, as Keras documents customising fit:
+    the step halves every gradient and counts the examples it saw in a metric of its own,
+    so a loop that skipped it would end on other weights and report no examples."""
+    import keras
+    import tensorflow as tf
+
+    class HalfStep(keras.Sequential):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.seen = keras.metrics.Sum(name="examples_seen")
+
+        def train_step(self, data):
+            x, y = data[0], data[1]
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip([g * 0.5 for g in grads], self.trainable_variables))
+            self.seen.update_state(tf.cast(tf.shape(x)[0], "float32"))
+            return self.compute_metrics(x, y, y_pred)
+
+        def test_step(self, data):
+            x, y = data[0], data[1]
+            y_pred = self(x, training=False)
+            self.seen.update_state(tf.cast(tf.shape(x)[0], "float32"))
+            return self.compute_metrics(x, y, y_pred)
+
+    model = HalfStep(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(CLASSES),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def keras_custom_reference(epochs: int, batch: int):
+    """Keras's own fit of custom_step_model in one process."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = custom_step_model()
+    ds = tf.data.Dataset.from_tensor_slices(arrays()).batch(batch, drop_remainder=True)
+    history = model.fit(ds, epochs=epochs, verbose=0, shuffle=False)
+    return history.history, model.get_weights()
+
+
+def halving_schedule(epoch, lr):
+    return 0.01 / (epoch + 1)
+
+
+def scheduler_callbacks():
+    """A learning rate per epoch, and a stop after the second epoch (min_delta is never met)."""
+    import keras
+
+    return [
+        keras.callbacks.LearningRateScheduler(halving_schedule),
+        keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=1),
+    ]
+
+
+def plateau_callbacks():
+    """The rate halved after every epoch from the second, and a stop after the third."""
+    import keras
+
+    return [
+        keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=10.0),
+        keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=2),
+    ]
+
+
+def keras_fit_reference(epochs: int, batch: int, callbacks: str = "", **fit_kwargs):
+    """Keras's own fit of the MLP with ``callbacks`` (a factory's name here) and fit options:
+    history, weights and each callback's stopped_epoch."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = mlp()
+    factories = {"scheduler_callbacks": scheduler_callbacks, "plateau_callbacks": plateau_callbacks}
+    cbs = factories[callbacks]() if callbacks else []
+    ds = tf.data.Dataset.from_tensor_slices(arrays()).batch(batch, drop_remainder=True)
+    val = None
+    if "validation_freq" in fit_kwargs:
+        val = tf.data.Dataset.from_tensor_slices(arrays(128, seed=1)).batch(batch)
+    history = model.fit(
+        ds,
+        epochs=epochs,
+        verbose=0,
+        shuffle=False,
+        callbacks=cbs,
+        validation_data=val,
+        **fit_kwargs,
+    )
+    return history.history, model.get_weights()

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from raytf._internal.checks import positive_int
+from raytf._internal.checks import non_negative_int, positive_int
 from raytf.errors import ConfigError
 
 
@@ -29,6 +29,13 @@ class Job:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 1
     resume: bool = False
+    #: keras.callbacks.Callback objects, run in the workers (see worker/keras_callbacks.py).
+    keras_callbacks: tuple[Any, ...] = ()
+    #: Keras' meanings: {class: weight} for the training loss; validate every N epochs;
+    #: the epoch to start counting from.
+    class_weight: dict[int, float] | None = None
+    validation_freq: int = 1
+    initial_epoch: int = 0
 
     def __post_init__(self) -> None:
         if not callable(self.model_fn):
@@ -59,9 +66,38 @@ class Job:
             raise ConfigError(
                 "resume=True needs checkpoint_dir= naming the directory to resume from."
             )
+        positive_int("validation_freq", self.validation_freq, "It counts epochs, as in Keras.")
+        non_negative_int("initial_epoch", self.initial_epoch, "It counts epochs, as in Keras.")
+        if self.initial_epoch >= self.epochs:
+            raise ConfigError(
+                f"initial_epoch={self.initial_epoch} leaves nothing to train with "
+                f"epochs={self.epochs}: as in Keras, epochs is the index of the last epoch, "
+                f"so pass epochs > initial_epoch (e.g. epochs={self.initial_epoch + 1})."
+            )
+        check_class_weight(self.class_weight)
         seed = self.seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"seed must be an int or None, received {self.seed!r}.")
+
+    def validates(self, epoch: int) -> bool:
+        """Whether ``epoch`` (from 0) ends with validation: every ``validation_freq``-th."""
+        return self.validation_fn is not None and (epoch + 1) % self.validation_freq == 0
+
+
+def check_class_weight(class_weight: Any) -> None:
+    if class_weight is None:
+        return
+    ok = isinstance(class_weight, dict) and class_weight
+    ok = ok and all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in class_weight)
+    ok = ok and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+        for v in class_weight.values()
+    )
+    if not ok:
+        raise ConfigError(
+            f"class_weight must map class indices (ints >= 0) to weights (numbers >= 0), "
+            f"received {class_weight!r}; for example class_weight={{0: 1.0, 1: 5.0}}."
+        )
 
 
 def check_batch_split(global_batch_size: int, replicas: int) -> None:

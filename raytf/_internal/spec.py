@@ -24,6 +24,9 @@ class StrategySpec:
     #: Declared GPUs TensorFlow cannot see may be replaced by logical CPU devices (tests and
     #: demos with fake GPUs: RAYTF_CPU_STANDIN=1 in the driver); otherwise that is an error.
     cpu_standin: bool = False
+    #: The user left the in-graph strategy to raytf ("auto"): a model whose own train_step
+    #: towers cannot run gets MirroredStrategy instead of a refusal.
+    auto: bool = False
 
     @property
     def is_chief(self) -> bool:

@@ -75,7 +75,12 @@ class InGraph(Layout):
 
     def strategy_specs(self, addresses: list[str] | None) -> list[StrategySpec]:
         return [
-            StrategySpec(kind=self.resolved_strategy, devices=self.devices, use_gpu=self.use_gpu)
+            StrategySpec(
+                kind=self.resolved_strategy,
+                devices=self.devices,
+                use_gpu=self.use_gpu,
+                auto=self.strategy == "auto",
+            )
         ]
 
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from raytf._internal.job import Job
-from raytf._internal.runtime.backend import Backend, Built, Report
+from raytf._internal.runtime.backend import Backend, Built, EpochEnd, Report
 from raytf._internal.runtime.group import ActorGroup, Member
 from raytf._internal.runtime.schedule import Segment, agreed_start, agreed_step
 from raytf._internal.spec import StrategySpec
@@ -69,6 +69,10 @@ class CollectiveWorker:
         self.loop.runner.seek(batches)
 
     @surface_errors
+    def set_learning_rate(self, value: float) -> None:
+        self.loop.set_learning_rate(value)
+
+    @surface_errors
     def final(self, with_model: bool) -> dict[str, Any]:
         return self.loop.final(with_model)
 
@@ -94,6 +98,8 @@ def agree(
     start_step = 0
     if start_epoch < job.epochs:
         start_step = agreed_step([i["start_step"] for i in state], where, who)
+    if job.initial_epoch > start_epoch:  # Keras' initial_epoch: count from there
+        start_epoch, start_step = job.initial_epoch, 0
     return Built(
         steps=steps,
         validation_steps=val_steps,
@@ -140,8 +146,16 @@ class CollectiveBackend(Backend):
     def save(self, group: ActorGroup, epoch: int, step: int) -> str | None:
         return self._all(group, "save", epoch, step, phase="checkpoint")[0]
 
-    def end_epoch(self, group: ActorGroup, epoch: int, results: list[dict]) -> str | None:
-        return results[0]["checkpoint"]
+    def end_epoch(
+        self, group: ActorGroup, epoch: int, results: list[dict], logs: dict[str, float]
+    ) -> EpochEnd:
+        # Every worker ran the same callbacks on the same global logs; should a callback of
+        # the user's have decided otherwise on one, the chief's learning rate is everyone's.
+        rates = [r.get("learning_rate") for r in results]
+        if rates[0] is not None and len(set(rates)) > 1:
+            self._all(group, "set_learning_rate", rates[0], phase="epoch")
+        stop = any(r.get("stop_training") for r in results)
+        return EpochEnd(results[0]["checkpoint"], logs, stop)
 
     def report(self, group: ActorGroup) -> Report:
         workers = group.of("worker")

@@ -51,6 +51,16 @@ class Built:
     skipped: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class EpochEnd:
+    """What the end of an epoch decided: the checkpoint written, the epoch's logs (after the
+    Keras callbacks, which may add some) and whether any worker's callbacks stop training."""
+
+    checkpoint: str | None
+    logs: dict[str, float]
+    stop: bool = False
+
+
 @dataclass
 class Report:
     """What a backend reads from its actors before they stop."""
@@ -105,9 +115,16 @@ class Backend(ABC):
     def save(self, group: ActorGroup, epoch: int, step: int) -> str | None:
         """A checkpoint at ``step`` of ``epoch``: its path (None if no checkpoint_dir)."""
 
+    def begin_epoch(self, group: ActorGroup, epoch: int) -> None:  # noqa: B027 (optional)
+        """Before ``epoch``'s first step, where the workers do not run it themselves (they
+        call ``on_epoch_begin`` at the start of their own ``run_epoch``)."""
+
     @abstractmethod
-    def end_epoch(self, group: ActorGroup, epoch: int, results: list[dict]) -> str | None:
-        """After every worker finished ``epoch``: the checkpoint written, if any."""
+    def end_epoch(
+        self, group: ActorGroup, epoch: int, results: list[dict], logs: dict[str, float]
+    ) -> EpochEnd:
+        """After every worker finished ``epoch`` (``logs``: merged): make the callbacks'
+        decisions global; the checkpoint written, the logs, and whether to stop."""
 
     @abstractmethod
     def report(self, group: ActorGroup) -> Report:

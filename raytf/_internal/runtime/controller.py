@@ -28,6 +28,7 @@ from raytf._internal.runtime.elastic import RESIZE_PROBE_S, Sizing
 from raytf._internal.runtime.group import ActorGroup, recoverable
 from raytf._internal.runtime.placement import Placer, RayPlacer
 from raytf._internal.runtime.report import RunState, announce, fit_result, trim_history
+from raytf._internal.worker import keras_callbacks
 from raytf.callbacks import Callback
 from raytf.config import FailurePolicy, Timeouts
 from raytf.errors import ConfigError, PlacementError, RaytfError, WorkerError
@@ -58,6 +59,7 @@ class Attempt:
     built: Built
     epoch: int  # the epoch under way
     step: int  # its next step
+    stopped: bool = False  # a Keras callback stopped training (every worker at one epoch)
 
 
 class Controller:
@@ -207,15 +209,22 @@ class Controller:
     def _train(self) -> State:
         a, run, job = self.attempt, self.run_state, self.next_job
         assert a is not None
-        if a.epoch >= job.epochs:
-            self.result = fit_result(self, a.backend.report(a.group))
+        if a.epoch >= job.epochs or a.stopped:
+            report = a.backend.report(a.group)
+            self.result = fit_result(self, report)
+            # The user's Keras callback objects read as after model.fit (History, ...).
+            chief = next(f for f in report.finals if "weights" in f)
+            keras_callbacks.copy_back(job.keras_callbacks, chief.get("keras_callbacks") or ())
             self._stop_group()
             return State.DONE
         steps = a.built.steps
         length = schedule.segment_length(
             steps, self.policy, run.rate, a.backend.mid_epoch_checkpoints
         )
-        segment = schedule.next_segment(a.epoch, a.step, steps, length, a.built.validation_steps)
+        validation_steps = a.built.validation_steps if job.validates(a.epoch) else None
+        segment = schedule.next_segment(a.epoch, a.step, steps, length, validation_steps)
+        if segment.start == 0:
+            a.backend.begin_epoch(a.group, a.epoch)
         run.segment = segment
         t0 = time.perf_counter()
         results = a.backend.train(a.group, segment, self.timeouts.epoch_limit(run.durations))
@@ -225,7 +234,10 @@ class Controller:
         run.seconds[a.epoch] = run.seconds.get(a.epoch, 0.0) + seconds
         run.steps_trained += segment.stop - segment.start
         run.rate = (segment.stop - segment.start) / seconds if seconds else run.rate
-        if not segment.ends_epoch:
+        # Every worker stopped at one step (a Keras callback set stop_training): the epoch
+        # ends there, with its logs.
+        stopped_early = any(r.get("logs") is not None for r in results)
+        if not segment.ends_epoch and not stopped_early:
             a.step = segment.stop
             if job.checkpoint_dir:
                 path = a.backend.save(a.group, a.epoch, a.step)
@@ -234,8 +246,10 @@ class Controller:
                 if self._can_grow():  # just checkpointed: restart at the full size
                     return self._grow()
             return State.TRAIN
-        saved = self._finish_epoch(a, results)
+        saved, a.stopped = self._finish_epoch(a, results)
         a.epoch, a.step = a.epoch + 1, 0
+        if a.stopped:
+            return State.TRAIN  # to DONE, with the report
         if a.epoch < job.epochs and job.checkpoint_dir and self._can_grow():
             if not saved:  # the next epoch's start, so the full group goes on from here
                 a.backend.save(a.group, a.epoch, 0)
@@ -292,11 +306,17 @@ class Controller:
         )
 
     # ------------------------------------------------------------------ helpers
-    def _finish_epoch(self, a: Attempt, results: list[dict]) -> str | None:
+    def _finish_epoch(self, a: Attempt, results: list[dict]) -> tuple[str | None, bool]:
+        """Merge the epoch's logs, let the backend make its callbacks' decisions global and
+        checkpoint; the checkpoint's path and whether training stops here."""
         run, job, epoch, steps = self.run_state, a.job, a.epoch, a.built.steps
         seconds = run.seconds.pop(epoch, 0.0)
         run.durations.append(seconds)
         logs = schedule.mean_logs([r["logs"] for r in results], [r.get("steps") for r in results])
+        # Checkpoint first: a driver callback that fails or kills must not cost the epoch.
+        end = a.backend.end_epoch(a.group, epoch, results, logs)
+        logs, saved = dict(end.logs), end.checkpoint
+        run.epochs_done = epoch + 1
         if seconds:
             logs["examples_per_second"] = steps * job.global_batch_size / seconds
         rates = [r["throughput"] for r in results]
@@ -305,8 +325,6 @@ class Controller:
         for key, value in logs.items():
             run.history.setdefault(key, []).append(value)
         run.global_step = results[0]["global_step"]
-        # Checkpoint first: a callback that fails or kills must not cost the epoch.
-        saved = a.backend.end_epoch(a.group, epoch, results)
         if saved:
             run.checkpoint_at = ((epoch + 1) * steps, time.time())
             self._keep(saved, steps)
@@ -315,7 +333,7 @@ class Controller:
         if saved:
             for cb in self.callbacks:
                 cb.on_checkpoint(epoch, saved)
-        return saved
+        return saved, end.stop
 
     def _keep(self, path: str | None, steps: int) -> None:
         """The newest checkpoint (the chief's or server 0's path), and its steps per epoch."""

@@ -41,6 +41,7 @@ class RunState:
     global_step: int = 0
     steps_trained: int = 0
     start_epoch: int = 0
+    epochs_done: int = 0  # the epoch after the last one finished
     rate: float | None = None
     announced: bool = False
     resumed_from: str | None = None
@@ -106,7 +107,7 @@ def fit_result(controller: Controller, report: Report) -> FitResult:
         worker_throughput=throughputs,
         time_to_first_step_s=(max(firsts) - run.started) if firsts else None,
         wall_time_s=time.time() - run.started,
-        epochs_trained=job.epochs - run.start_epoch,
+        epochs_trained=max(0, run.epochs_done - run.start_epoch),
         global_step=run.global_step if report.global_step is None else report.global_step,
         weights=chief["weights"],
         model_path=_write_model(controller.model_dir, chief.get("model_bytes")),

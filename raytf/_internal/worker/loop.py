@@ -19,6 +19,7 @@ from raytf._internal.spec import StrategySpec
 from raytf._internal.worker import steps as S
 from raytf._internal.worker.checkpoints import Checkpoints
 from raytf._internal.worker.devices import configure_devices, make_strategy
+from raytf._internal.worker.keras_callbacks import KerasHooks
 from raytf._internal.worker.model import ModelData
 from raytf._internal.worker.preemption import Agreement
 from raytf.config import AUTO_STEPS_PER_EXECUTION
@@ -35,9 +36,19 @@ class Runner(Protocol):
     clock: S.StepClock
     batch: int  # examples this worker trains per step
 
-    def train(self, steps: int, before_call: Callable[[int], None]) -> None: ...
+    def train(self, steps: int, block: Block) -> int: ...
     def evaluate(self, validation_steps: int) -> None: ...
     def seek(self, batches: int) -> None: ...
+
+
+class Block(Protocol):
+    """What the loop does around each executed block of steps (one tf.function call)."""
+
+    def go_on(self, done: int) -> bool:
+        """Before the block that starts ``done`` steps into the segment: train on?"""
+
+    def begin(self, done: int) -> None: ...
+    def end(self, done: int, n: int) -> None: ...
 
 
 class StrategyRunner:
@@ -69,24 +80,50 @@ class StrategyRunner:
         data = self.md.skipped(batches).prefetch(tf.data.AUTOTUNE)
         self._iterator = iter(self._distribute(data))
 
-    def train(self, steps: int, before_call: Callable[[int], None]) -> None:
+    def train(self, steps: int, block: Block) -> int:
+        """Up to ``steps`` steps, fewer if ``block`` says stop; the steps trained."""
         k = steps_per_call(self.job, steps)
         done = 0
-        while done < steps:
-            before_call(done)
+        while done < steps and block.go_on(done):
             n = min(k, steps - done) if self.clock.warm else 1  # trace on one step
+            block.begin(done)
             t0 = time.perf_counter()
             self._train_n(self._iterator, tf.constant(n)).numpy()
             self.clock.record(n, t0)
+            block.end(done, n)
             done += n
+        return done
 
     def evaluate(self, validation_steps: int) -> None:
         self._eval_n(iter(self._val), tf.constant(validation_steps)).numpy()
 
 
+class _Segment:
+    """The :class:`Block` of one segment: Keras batch hooks, and the per-call agreement on
+    who got SIGTERM and whether ``model.stop_training`` was set (every worker stops at the
+    same step either way)."""
+
+    def __init__(self, loop: TrainLoop, epoch: int, start: int, steps: int) -> None:
+        self.loop, self.epoch, self.start, self.steps = loop, epoch, start, steps
+        self.stopped = False
+
+    def go_on(self, done: int) -> bool:
+        self.stopped = self.loop.agreed_stop(self.epoch, self.start + done, self.steps)
+        return not self.stopped
+
+    def begin(self, done: int) -> None:
+        self.loop.hooks.batch_begin(self.start + done)
+
+    def end(self, done: int, n: int) -> None:
+        hooks = self.loop.hooks
+        if hooks.batch_hooks:  # Keras' batch index: the block's last step
+            hooks.batch_end(self.start + done + n - 1, self.loop.md.current_metrics())
+
+
 class TrainLoop:
     """One worker's epochs: ``runner`` steps, ``checkpoints`` saves, ``agreement`` stops
-    every worker at the same step on SIGTERM (``preempted`` reads this process's flag)."""
+    every worker at the same step on SIGTERM or ``stop_training`` (``preempted`` reads this
+    process's flag), ``hooks`` runs the user's Keras callbacks."""
 
     def __init__(
         self,
@@ -95,10 +132,13 @@ class TrainLoop:
         checkpoints: Checkpoints,
         agreement: Agreement | None = None,
         preempted: Callable[[], bool] = lambda: False,
+        hooks: KerasHooks | None = None,
     ) -> None:
         self.md, self.runner, self.checkpoints = md, runner, checkpoints
         self.agreement = agreement
         self.preempted = preempted
+        self.hooks = hooks or KerasHooks((), md.model, True, md.job.epochs, None)
+        self.last_logs: dict[str, float] = {}
 
     @property
     def global_step(self) -> int:
@@ -117,37 +157,64 @@ class TrainLoop:
         stop: int | None = None,
     ) -> dict[str, Any]:
         """Train steps ``start..stop`` of the epoch (default: all ``steps``); at the epoch's
-        end validate and checkpoint. Returns logs (None mid-epoch) and this worker's rate."""
+        end (or where every worker agreed to stop) validate, call the epoch's callbacks and
+        checkpoint. Returns logs (None mid-epoch), this worker's rate and learning rate."""
         stop = steps if stop is None else stop
         if start == 0:
             self.md.reset_metrics()
-        self.runner.train(
-            stop - start, lambda done: self._check_preempted(epoch, start + done, steps)
-        )
+            self.hooks.epoch_begin(epoch)
+        block = _Segment(self, epoch, start, steps)
+        done = self.runner.train(stop - start, block)
+        if not block.stopped and self.hooks.batch_hooks:  # set by the last block's hooks?
+            block.go_on(done)
         out: dict[str, Any] = {"logs": None, "checkpoint": None}
-        if stop >= steps:
-            out["logs"], out["checkpoint"] = self._end_epoch(epoch, validation_steps)
-        return {**out, "throughput": self.throughput, "global_step": self.global_step}
+        if stop >= steps or block.stopped:
+            at = start + done if block.stopped and start + done < steps else None
+            out["logs"], out["checkpoint"] = self._end_epoch(epoch, validation_steps, at)
+        return {
+            **out,
+            "throughput": self.throughput,
+            "global_step": self.global_step,
+            "stop_training": self.hooks.stop,
+            "learning_rate": self.hooks.learning_rate(),
+        }
 
-    def _check_preempted(self, epoch: int, step: int, epoch_steps: int) -> None:
+    def agreed_stop(self, epoch: int, step: int, epoch_steps: int) -> bool:
+        """Agree with every worker before a block: SIGTERM (checkpoint at this step and
+        leave, raising Preempted) or ``stop_training`` (True: stop here, all of them)."""
+        stop = self.hooks.stop
         if self.agreement is None:
-            return
-        collective = self.checkpoints.manager is not None
-        stopping = self.agreement.stopping(self.preempted(), collective)
+            return stop
+        collective = self.checkpoints.manager is not None or self.hooks.batch_hooks
+        stopping, stop = self.agreement.stopping(self.preempted(), stop, collective)
         if stopping:  # SIGTERM: every worker saves at this same step, then they leave
             save = self.save if self.checkpoints.manager is not None else None
             self.agreement.stop(stopping, epoch, step, epoch_steps, save)
+        if stop:
+            self.md.model.stop_training = True
+        return stop
 
-    def _end_epoch(self, epoch: int, validation_steps: int | None) -> tuple[dict, str | None]:
-        """Metrics, validation, TensorBoard and the checkpoint of a finished epoch."""
+    def _end_epoch(
+        self, epoch: int, validation_steps: int | None, stopped_at: int | None = None
+    ) -> tuple[dict, str | None]:
+        """Metrics, validation, the epoch's callbacks, TensorBoard and the checkpoint of a
+        finished epoch (or of one stopped at step ``stopped_at``)."""
         logs = self.md.read_metrics()
         if self.md.validation is not None and validation_steps:
+            self.hooks.test_begin()
             self.runner.evaluate(validation_steps)
-            logs.update(self.md.read_metrics("val_"))
+            val_logs = self.md.read_metrics("val_")
+            self.hooks.test_end({k[4:]: v for k, v in val_logs.items()})
+            logs.update(val_logs)
+        # Callbacks first: a learning rate they change is the one the checkpoint holds.
+        logs = self.hooks.epoch_end(epoch, logs)
+        self.last_logs = logs
         self.checkpoints.write_scalars(logs, epoch)
         job = self.md.job
         checkpoint = None
-        if (epoch + 1) % job.checkpoint_every == 0 or epoch + 1 == job.epochs:
+        if stopped_at is not None:
+            checkpoint = self.checkpoints.save(epoch, stopped_at, self.global_step)
+        elif (epoch + 1) % job.checkpoint_every == 0 or epoch + 1 == job.epochs:
             checkpoint = self.checkpoints.save(epoch + 1, 0, self.global_step)
         return logs, checkpoint
 
@@ -155,11 +222,18 @@ class TrainLoop:
         """A checkpoint at ``step`` of ``epoch`` (mid-epoch, for failure recovery)."""
         return self.checkpoints.save(epoch, step, self.global_step)
 
-    def final(self, with_model: bool) -> dict[str, Any]:
+    def set_learning_rate(self, value: float) -> None:
+        self.hooks.set_learning_rate(value)
+
+    def final(self, with_model: bool) -> dict:
+        """The model (after ``on_train_end``: EarlyStopping may restore its best weights)
+        and, from the chief, the callbacks' state for the user's objects."""
+        self.hooks.train_end(self.last_logs)
         return {
             **self.md.final(with_model),
             "throughput": self.throughput,
             "first_step_at": self.runner.clock.first_step_at,
+            "keras_callbacks": self.hooks.states() if with_model else None,
         }
 
 
@@ -185,13 +259,25 @@ def strategy_loop(
     val_ctx = InputContext(**{**ctx.__dict__, "training": False})
     md = ModelData(job, strategy, ctx, val_ctx, towers, 1 if towers else replicas)
     info = md.build()
+    if towers and md.custom_train and spec.auto:
+        # "auto" picked towers, which cannot run the model's own train_step: mirrored can,
+        # over the same devices (nothing ran in a strategy yet, so it may start here).
+        towers, distribute = False, True
+        strategy = tf.distribute.MirroredStrategy(devices=devices)
+        md = ModelData(job, strategy, ctx, val_ctx, False, replicas)
+        info = md.build()
     checkpoints = Checkpoints(
         job.checkpoint_dir, spec.is_chief, spec.worker_index, model=md.model, optimizer=md.optimizer
     )
     start = checkpoints.restore() if job.resume else (0, 0)
     runner = StrategyRunner(md, devices, towers, distribute, job)
     agreement = Agreement(strategy, spec.worker_index, spec.num_workers, replicas)
-    loop = TrainLoop(md, runner, checkpoints, agreement, preempted)
+    steps = job.steps_per_epoch or info["train_steps"]
+    hooks = KerasHooks(
+        job.keras_callbacks, md.model, spec.is_chief, job.epochs, steps, checkpoints.restored
+    )
+    loop = TrainLoop(md, runner, checkpoints, agreement, preempted, hooks)
+    hooks.train_begin()
     info.update(
         replicas_per_worker=replicas,
         start_epoch=start[0],
@@ -212,5 +298,9 @@ def run_in_process(spec: StrategySpec, job: Job) -> tuple[TrainLoop, list[dict[s
     loop, info = strategy_loop(spec, job, devices, strategy, lambda: False)
     steps = job.steps_per_epoch or info["train_steps"]
     val_steps = job.validation_steps or info["validation_steps"]
-    epochs = [loop.run_epoch(e, steps, val_steps) for e in range(info["start_epoch"], job.epochs)]
+    epochs = []
+    for e in range(max(info["start_epoch"], job.initial_epoch), job.epochs):
+        epochs.append(loop.run_epoch(e, steps, val_steps if job.validates(e) else None))
+        if epochs[-1]["stop_training"]:
+            break
     return loop, epochs

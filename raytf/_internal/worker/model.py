@@ -37,6 +37,45 @@ def describe_spec(spec: Any) -> str:
     return repr(tf.nest.map_structure(lambda s: (tuple(s.shape), s.dtype.name), spec))
 
 
+def overrides(model: keras.Model, method: str) -> bool:
+    """Whether the model's class defines its own ``method`` (train_step, test_step)."""
+    return getattr(type(model), method) is not getattr(keras.Model, method)
+
+
+def class_weight_map(class_weight: dict[int, float], element_spec: Any) -> Callable[..., Any]:
+    """Keras' class_weight as sample weights of batched ``(x, y)``, as ``model.fit`` makes
+    them (keras/src/trainers/data_adapters/tf_dataset_adapter.py), checked first."""
+    if len(element_spec) == 3:
+        raise ConfigError(
+            "class_weight was passed and the data already yields sample weights "
+            "(x, y, sample_weight); as in Keras, use one: drop class_weight or fold it into "
+            "the sample weights."
+        )
+    if tf.nest.is_nested(element_spec[1]):
+        raise ConfigError(
+            f"class_weight needs a single label tensor, the data yields labels "
+            f"{describe_spec(element_spec[1])}; as in Keras, pass per-example weights as "
+            "(x, y, sample_weight) instead."
+        )
+    table = tf.constant(
+        [float(class_weight.get(c, 1.0)) for c in range(max(class_weight) + 1)],
+        dtype=keras.backend.floatx(),
+    )
+
+    def weigh(x: Any, y: tf.Tensor) -> tuple[Any, tf.Tensor, tf.Tensor]:
+        if y.shape.rank >= 2:
+            classes = tf.cond(
+                tf.shape(y)[-1] > 1,
+                lambda: tf.argmax(y, axis=-1, output_type=tf.int32),
+                lambda: tf.cast(tf.round(tf.squeeze(y, axis=-1)), tf.int32),
+            )
+        else:
+            classes = tf.cast(tf.round(y), tf.int32)
+        return x, y, tf.gather(table, classes)
+
+    return weigh
+
+
 def build_compiled_model(job: Job) -> keras.Model:
     """The user's model, compiled with its own or the given loss, optimizer and metrics."""
     model = job.model_fn()
@@ -106,6 +145,9 @@ class ModelData:
             self.model = build_compiled_model(job)
             self.optimizer = self.model.optimizer
             self.loss = keras.metrics.Mean(name="loss")
+        # A model's own steps run as they are (steps.py); where they cannot, they are refused.
+        self.custom_train = overrides(self.model, "train_step")
+        self.custom_test = overrides(self.model, "test_step")
         self.train, train_steps = self.dataset(job.data_fn, "data", self.ctx)
         self._symbolic_build(self.train.element_spec)
         self.validation, val_steps = None, None
@@ -139,6 +181,8 @@ class ModelData:
         self._check_features(spec[0], what)
         unit = self.unit(ctx)
         batched = ds.batch(unit, drop_remainder=True)
+        if what == "data":
+            batched = self.weighted(batched)
         cardinality = int(batched.cardinality())
         steps = cardinality // self.per_step if cardinality >= 0 else None
         if steps is not None and self.per_step > 1:
@@ -161,6 +205,12 @@ class ModelData:
                 "data."
             )
         return batched, steps
+
+    def weighted(self, batched: tf.data.Dataset) -> tf.data.Dataset:
+        """Batched training data with the job's class_weight as sample weights (if any)."""
+        if self.job.class_weight is None:
+            return batched
+        return batched.map(class_weight_map(self.job.class_weight, batched.element_spec))
 
     def _check_features(self, features: Any, what: str) -> None:
         """Compare unbatched feature shapes with the model's declared inputs, when it has them."""
@@ -225,12 +275,23 @@ class ModelData:
         for metric in [*self.model.metrics, self.loss]:
             metric.reset_state()
 
+    def current_metrics(self, prefix: str = "") -> dict[str, float]:
+        """The logs so far, as Keras names them, with ``prefix`` (``val_``: evaluation's).
+
+        raytf's own steps track the loss apart; a model's own step reports what its
+        metrics hold, as Keras' fit does.
+        """
+        logs = {k: float(v) for k, v in self.model.get_metrics_result().items()}
+        own_step = self.custom_test if prefix else self.custom_train
+        if not own_step:
+            logs["loss"] = float(self.loss.result())
+        return {prefix + k: v for k, v in logs.items()}
+
     def read_metrics(self, prefix: str = "") -> dict[str, float]:
         """The epoch's logs (then reset), as Keras names them, with ``prefix`` (``val_``)."""
-        logs = {k: float(v) for k, v in self.model.get_metrics_result().items()}
-        logs["loss"] = float(self.loss.result())
+        logs = self.current_metrics(prefix)
         self.reset_metrics()
-        return {prefix + k: v for k, v in logs.items()}
+        return logs
 
     # ------------------------------------------------------------------ result
     def fingerprint(self) -> str:

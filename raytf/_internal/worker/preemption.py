@@ -1,8 +1,10 @@
-"""Preemption under all-reduce: every worker stops at the same step when any got SIGTERM.
+"""Stopping under all-reduce: every worker stops at the same step when any got SIGTERM, or
+when any set ``model.stop_training`` (a Keras callback such as TerminateOnNaN).
 
 Before each call of K steps the workers all-reduce one number, each setting its own bit if
-it was signalled, so they all see who is leaving, checkpoint together at that step and
-raise :class:`Preempted`; the driver restarts the group from exactly there.
+it was signalled, and one bit more if it wants to stop, so they all see who is leaving:
+signalled ones checkpoint together at that step and raise :class:`Preempted` (the driver
+restarts the group from exactly there); a stop ends the epoch there on every worker.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ class Agreement:
         self.replicas = replicas_per_worker
         self._agree: Any = None  # traced on first use
 
-    def stopping(self, preempted: bool, collective: bool) -> list[int]:
-        """The workers that got SIGTERM. Alone (or without collectives), this one's flag."""
+    def stopping(self, preempted: bool, stop: bool, collective: bool) -> tuple[list[int], bool]:
+        """The workers that got SIGTERM, and whether any wants to stop training. Alone (or
+        without collectives), this one's flags."""
         if self.workers == 1 or not collective:
-            return [self.index] if preempted else []
+            return ([self.index] if preempted else []), stop
         if self._agree is None:
             strategy = self.strategy
 
@@ -40,11 +43,16 @@ class Agreement:
                 return strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
 
             self._agree = agree
-        bit = float(2**self.index) if preempted else 0.0
-        # Every replica of a worker adds its worker's bit: divide by the replicas per worker.
-        total = float(self._agree(tf.constant(bit, tf.float64)).numpy())
+        # Worker i's SIGTERM is bit i; a stop request counts 2**workers (several may add up:
+        # any amount at or above it means stop).
+        bits = (float(2**self.index) if preempted else 0.0) + (
+            float(2**self.workers) if stop else 0.0
+        )
+        # Every replica of a worker adds its worker's bits: divide by the replicas per worker.
+        total = float(self._agree(tf.constant(bits, tf.float64)).numpy())
         mask = round(total / self.replicas)
-        return [i for i in range(self.workers) if mask >> i & 1]
+        signalled = [i for i in range(self.workers) if mask >> i & 1]
+        return signalled, mask >= 2**self.workers
 
     def stop(
         self,

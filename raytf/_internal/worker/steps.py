@@ -3,7 +3,9 @@
 - replica step: inside ``strategy.run`` (mirrored, multi-worker, a PS chief's closures);
 - towers step: the worker batch split over devices in one graph, gradients averaged by hand;
 - gradient step: forward and backward only, for parameter-server workers.
-Each updates the loss tracker and the model's compiled metrics as Keras would.
+Each updates the loss tracker and the model's compiled metrics as Keras would. A model that
+overrides ``train_step``/``test_step`` has its own step run instead, inside ``strategy.run``
+as Keras' TensorFlow trainer runs it; the shapes that cannot run it refuse it by name.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from raytf._internal.worker.model import ModelData
+from raytf.errors import ConfigError
 
 
 def unpack(data: Any) -> tuple[Any, Any, Any]:
@@ -44,8 +47,25 @@ def forward_backward(md: ModelData, x: Any, y: Any, sw: Any) -> tuple[Any, Any, 
     return y_pred, loss, tape.gradient(scaled, model.trainable_variables)
 
 
+#: The layouts that run a model's own ``train_step``, for the refusals' messages.
+RUNS_CUSTOM_STEP = (
+    "InGraph(strategy='mirrored') (or 'auto', which picks it for such a model), a "
+    "one-device InGraph, AllReduce, and ParameterServer(backend='tensorflow')"
+)
+
+
+def refuse_custom_train_step(md: ModelData, where: str, why: str) -> None:
+    if md.custom_train:
+        raise ConfigError(
+            f"The model overrides train_step, which {where} cannot run: {why}. raytf never "
+            f"skips a model's own step; use a layout that runs it: {RUNS_CUSTOM_STEP}."
+        )
+
+
 def replica_step(md: ModelData) -> Callable[[Any], None]:
     strategy = md.strategy
+    if md.custom_train:  # the model's own step, as Keras' trainer runs it
+        return lambda data: strategy.run(md.model.train_step, args=(data,))
 
     def step(data: Any) -> None:
         x, y, sw = unpack(data)
@@ -59,6 +79,11 @@ def replica_step(md: ModelData) -> Callable[[Any], None]:
 
 
 def towers_step(md: ModelData, devices: list[str]) -> Callable[[Any], None]:
+    refuse_custom_train_step(
+        md,
+        "InGraph(strategy='towers')",
+        "towers split each batch over devices and average the gradients themselves",
+    )
     n = len(devices)
 
     def step(data: Any) -> None:
@@ -88,6 +113,10 @@ def towers_step(md: ModelData, devices: list[str]) -> Callable[[Any], None]:
 def eval_step(md: ModelData, replicated: bool) -> Callable[[Any], None]:
     """One evaluation batch; ``replicated``: inside ``strategy.run`` on every replica."""
     scale = md.strategy.num_replicas_in_sync if replicated else 1
+    if md.custom_test:  # the model's own step, as Keras' trainer runs it
+        if replicated:
+            return lambda data: md.strategy.run(md.model.test_step, args=(data,))
+        return md.model.test_step
 
     def one(data: Any) -> None:
         x, y, sw = unpack(data)
@@ -101,13 +130,13 @@ def eval_step(md: ModelData, replicated: bool) -> Callable[[Any], None]:
     return one
 
 
-def loop_of(step: Callable[[Any], None]) -> Callable[[Any, tf.Tensor], tf.Tensor]:
+def loop_of(step: Callable[[Any], Any]) -> Callable[[Any, tf.Tensor], tf.Tensor]:
     """``n`` steps on ``iterator`` in one ``tf.function`` call (steps_per_execution)."""
 
     @tf.function
     def run_n(iterator: Any, n: tf.Tensor) -> tf.Tensor:
         for _ in tf.range(n):
-            step(next(iterator))
+            step(next(iterator))  # a model's own step returns logs: metrics carry them
         return n
 
     return run_n

@@ -19,7 +19,7 @@ from raytf._internal.backends.collective import agree, worker_names
 from raytf._internal.backends.ray_ps.server import ParameterShard
 from raytf._internal.backends.ray_ps.worker import PSWorker
 from raytf._internal.job import Job
-from raytf._internal.runtime.backend import Backend, Built, Report
+from raytf._internal.runtime.backend import Backend, Built, EpochEnd, Report
 from raytf._internal.runtime.group import ActorGroup, Member
 from raytf._internal.runtime.schedule import Segment
 from raytf._internal.sharding import shard_by_size
@@ -146,13 +146,31 @@ class RayParameterServerBackend(Backend):
     def save(self, group: ActorGroup, epoch: int, step: int) -> str | None:
         return self._on(group, "ps", "save", epoch, step, phase="checkpoint")[0]
 
-    def end_epoch(self, group: ActorGroup, epoch: int, results: list[dict]) -> str | None:
-        job = self.job
-        if not job.checkpoint_dir:
-            return None
-        if (epoch + 1) % job.checkpoint_every and epoch + 1 != job.epochs:
-            return None
-        return self._on(group, "ps", "save", epoch, phase="checkpoint")[0]
+    def begin_epoch(self, group: ActorGroup, epoch: int) -> None:
+        """Workers call ``on_epoch_begin``; a learning rate it set reaches every server
+        before any worker's first push of the epoch."""
+        rates = self._on(group, "worker", "begin_epoch", epoch, phase="epoch")
+        self._set_learning_rate(group, rates[0])
+
+    def _set_learning_rate(self, group: ActorGroup, value: float | None) -> None:
+        """The chief's learning rate is every server's (each has the optimizer's copy)."""
+        if value is not None and value != getattr(self, "learning_rate", None):
+            self._on(group, "ps", "set_learning_rate", value, phase="epoch")
+            self.learning_rate = value
+
+    def end_epoch(
+        self, group: ActorGroup, epoch: int, results: list[dict], logs: dict[str, float]
+    ) -> EpochEnd:
+        """Callbacks on the merged logs, on every worker (the chief's writers too), their
+        learning rate to the servers; then the servers' checkpoint, which holds it."""
+        ends = self._on(group, "worker", "end_epoch", epoch, logs, phase="epoch")
+        self._set_learning_rate(group, ends[0]["learning_rate"])
+        stop = any(e["stop_training"] for e in ends)
+        job, path = self.job, None
+        due = (epoch + 1) % job.checkpoint_every == 0 or epoch + 1 == job.epochs
+        if job.checkpoint_dir and due:
+            path = self._on(group, "ps", "save", epoch, phase="checkpoint")[0]
+        return EpochEnd(path, ends[0]["logs"], stop)
 
     def report(self, group: ActorGroup) -> Report:
         workers = group.of("worker")

@@ -29,6 +29,11 @@ class ParameterShard:
         return self.proc.info(role="ps")
 
     @surface_errors
+    async def set_learning_rate(self, value: float) -> None:
+        """A Keras callback's new rate (between epochs: no update is in flight)."""
+        self.optimizer.learning_rate = value
+
+    @surface_errors
     async def build(
         self, job: Any, variables: list[dict[str, Any]], config: dict[str, Any]
     ) -> dict[str, Any]:

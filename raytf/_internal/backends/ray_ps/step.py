@@ -52,6 +52,12 @@ class GradientStep:
 
     def build(self) -> dict[str, Any]:
         info = self.md.build()
+        S.refuse_custom_train_step(
+            self.md,
+            "ParameterServer(backend='ray')",
+            "its workers compute the gradients and the servers apply them, so no one process "
+            "runs the whole step",
+        )
         self.trainable, self.extras = shared_variables(self.md.model)
         self.shared = self.trainable + self.extras
         self._eval_n = S.loop_of(S.eval_step(self.md, replicated=False))

@@ -42,10 +42,19 @@ class PSWorker:
         from raytf._internal.backends.ray_ps.step import GradientStep
 
         # The servers own variables, optimizer state and checkpoints; workers keep none.
+        from raytf._internal.worker.keras_callbacks import KerasHooks
+
         self.step = GradientStep(
             self.spec, dataclasses.replace(job, checkpoint_dir=None, resume=False)
         )
-        return self.step.build()
+        info = self.step.build()
+        steps = job.steps_per_epoch or info["train_steps"]
+        self.hooks = KerasHooks(
+            job.keras_callbacks, self.step.md.model, self.spec.is_chief, job.epochs, steps
+        )
+        self.hooks.train_begin()
+        self.last_logs: dict[str, float] = {}
+        return info
 
     @surface_errors
     def variables(self) -> list[dict[str, Any]]:
@@ -152,7 +161,10 @@ class PSWorker:
             if self.prefetch:
                 self._next = self._pull(self.steps + 1)  # overlaps this step's compute
             t1 = time.perf_counter()
+            self.hooks.batch_begin(self.epoch_steps)
             grads = self.step.gradients(weights)
+            if self.hooks.batch_hooks:
+                self.hooks.batch_end(self.epoch_steps, md.current_metrics())
             t2 = time.perf_counter()
             self._drain()  # at most one push in flight
             refs = self._push(grads, want=not self.prefetch)
@@ -184,10 +196,33 @@ class PSWorker:
             "steps": self.epoch_steps,  # this worker's share of the epoch (weighs its logs)
         }
 
+    # ------------------------------------------------------------ Keras callbacks
+    @surface_errors
+    def begin_epoch(self, epoch: int) -> float | None:
+        """``on_epoch_begin`` before any worker's first step: the learning rate it leaves
+        (a scheduler's), which the driver gives the servers before the epoch starts."""
+        self.hooks.epoch_begin(epoch)
+        return self.hooks.learning_rate()
+
+    @surface_errors
+    def end_epoch(self, epoch: int, logs: dict[str, float]) -> dict[str, Any]:
+        """``on_epoch_end`` on the global ``logs``, with the servers' weights in the model
+        (what EarlyStopping keeps and ModelCheckpoint writes): the decisions it took."""
+        if self.hooks.callbacks:
+            self.step.assign(self._weights(self._pull(None))[0])
+        self.last_logs = self.hooks.epoch_end(epoch, logs)
+        return {
+            "logs": self.last_logs,
+            "stop_training": self.hooks.stop,
+            "learning_rate": self.hooks.learning_rate(),
+        }
+
     @surface_errors
     def final(self, with_model: bool) -> dict[str, Any]:
-        """The model with the servers' latest weights, and this worker's step rate."""
+        """The model with the servers' latest weights (or, after ``on_train_end``, the ones
+        a callback restored), and this worker's step rate."""
         self.step.assign(self._weights(self._pull(None))[0])
+        self.hooks.train_end(self.last_logs)
         md, clock, t = self.step.md, self.step.clock, self.timing
         seconds = t["wait_s"] + t["compute_s"] + t["push_s"]
         return {
@@ -196,6 +231,7 @@ class PSWorker:
             "first_step_at": clock.first_step_at,
             "steps_per_second": t["steps"] / seconds if seconds else None,
             "timing": {k: round(v, 4) if isinstance(v, float) else v for k, v in t.items()},
+            "keras_callbacks": self.hooks.states() if with_model else None,
         }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from raytf._internal.backends.collective import agree
 from raytf._internal.backends.tf_ps.tasks import TFChief, TFServerTask
 from raytf._internal.job import Job
-from raytf._internal.runtime.backend import Backend, Built, Report
+from raytf._internal.runtime.backend import Backend, Built, EpochEnd, Report
 from raytf._internal.runtime.group import ActorGroup, Member
 from raytf._internal.runtime.schedule import Segment
 from raytf.config import AUTO_STEPS_PER_EXECUTION
@@ -104,8 +104,11 @@ class TFParameterServerBackend(Backend):
     def save(self, group: ActorGroup, epoch: int, step: int) -> str | None:
         return self._chief(group, "save", epoch, step, phase="checkpoint")
 
-    def end_epoch(self, group: ActorGroup, epoch: int, results: list[dict]) -> str | None:
-        return results[0]["checkpoint"]
+    def end_epoch(
+        self, group: ActorGroup, epoch: int, results: list[dict], logs: dict[str, float]
+    ) -> EpochEnd:
+        # The chief alone runs the callbacks; its learning rate is a variable on the ps tasks.
+        return EpochEnd(results[0]["checkpoint"], logs, bool(results[0].get("stop_training")))
 
     def report(self, group: ActorGroup) -> Report:
         final = self._chief(group, "final", True, phase="final")

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raytf._internal.job import Job
 from raytf._internal.spec import StrategySpec
 from raytf._internal.worker.process import Process, surface_errors
+
+if TYPE_CHECKING:
+    from raytf._internal.worker.loop import Block
 
 
 def _set_tf_config(spec: StrategySpec, role: str, index: int) -> None:
@@ -99,7 +101,8 @@ class ScheduledRunner:
             # chief), so every shard is built here and the worker picks its own; the data
             # function still sees a plain int worker_index.
             shards = [
-                job.data_fn(ctx).batch(unit, drop_remainder=True).repeat() for ctx in contexts
+                md.weighted(job.data_fn(ctx).batch(unit, drop_remainder=True)).repeat()
+                for ctx in contexts
             ]
             index = tf.cast(
                 tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64
@@ -117,7 +120,10 @@ class ScheduledRunner:
     def seek(self, batches: int) -> None:
         """TensorFlow's workers hold the data: a resumed run starts their data afresh."""
 
-    def train(self, steps: int, before_call: Callable[[int], None]) -> None:
+    def train(self, steps: int, block: Block) -> int:
+        """``steps`` global steps (a batch on each worker), in closures; ``block`` may stop
+        scheduling more (a callback's ``stop_training``). Batch hooks see no logs: the
+        closures run asynchronously. Returns the global steps trained."""
         import tensorflow as tf
 
         from raytf._internal.worker.loop import steps_per_call
@@ -125,20 +131,21 @@ class ScheduledRunner:
         total = steps * self.workers
         k = steps_per_call(self.job, total)
         done = 0
-        if not self.clock.warm:  # trace once, as the other runners do
-            t0 = time.perf_counter()
-            self.coordinator.schedule(self._train_n, args=(self._iterator, tf.constant(1)))
-            self.coordinator.join()
-            self.clock.record(1, t0)
-            done = 1
+        first = 0
         t0 = time.perf_counter()
-        counted = total - done
-        while done < total:
-            n = min(k, total - done)
+        while done < total and block.go_on(done // self.workers):
+            n = min(k, total - done) if self.clock.warm else 1  # trace once, as others do
+            block.begin(done // self.workers)
             self.coordinator.schedule(self._train_n, args=(self._iterator, tf.constant(n)))
+            if not self.clock.warm:
+                self.coordinator.join()
+                self.clock.record(1, t0)
+                first, t0 = n, time.perf_counter()
             done += n
         self.coordinator.join()
-        self.clock.record(counted, t0)
+        if done > first:
+            self.clock.record(done - first, t0)
+        return -(-done // self.workers)
 
     def evaluate(self, validation_steps: int) -> None:
         import tensorflow as tf
@@ -180,6 +187,7 @@ class TFChief:
     @surface_errors
     def build(self, job: Job) -> dict[str, Any]:
         from raytf._internal.worker.checkpoints import Checkpoints
+        from raytf._internal.worker.keras_callbacks import KerasHooks
         from raytf._internal.worker.loop import TrainLoop
         from raytf._internal.worker.model import ModelData
         from raytf.data import InputContext
@@ -209,7 +217,10 @@ class TFChief:
         )
         start = checkpoints.restore() if job.resume else (0, 0)
         runner = ScheduledRunner(md, self.coordinator, job, n)
-        self.loop = TrainLoop(md, runner, checkpoints)
+        steps = job.steps_per_epoch or info["train_steps"]
+        hooks = KerasHooks(job.keras_callbacks, md.model, True, job.epochs, steps, start[0] > 0)
+        self.loop = TrainLoop(md, runner, checkpoints, hooks=hooks)
+        hooks.train_begin()
         return {
             **info,
             "start_epoch": start[0],
