@@ -57,6 +57,8 @@ def test_a_models_own_train_and_test_steps_run_as_in_keras_fit(local_ray, layout
     assert result.history["val_examples_seen"] == [128.0] * EPOCHS
     np.testing.assert_allclose(result.history["accuracy"], ref_history["accuracy"], atol=1e-6)
     assert_same_weights(result.weights, ref_weights)  # the halved gradients were applied
+    if layout.num_workers == 1:
+        assert "MirroredStrategy instead" in result.explanation
     assert alive_actors() == []
 
 
@@ -183,3 +185,36 @@ def test_class_weight_validation_freq_and_initial_epoch_mean_what_they_mean_in_k
     assert len(result.history["val_loss"]) == len(ref_history["val_loss"]) == 2  # 2 and 4
     np.testing.assert_allclose(result.history["loss"], ref_history["loss"], rtol=1e-4)
     assert_same_weights(result.weights, ref_weights)
+
+
+BF16_LAYOUTS = {
+    "towers": raytf.InGraph(devices=2, strategy="towers"),
+    "mirrored": raytf.InGraph(devices=2, strategy="mirrored"),
+    "all-reduce": raytf.AllReduce(workers=2),
+    "ps-ray": raytf.ParameterServer(workers=2, ps=1),
+    "ps-tensorflow": raytf.ParameterServer(workers=1, ps=1, staleness=None, backend="tensorflow"),
+}
+
+
+@pytest.fixture(scope="module")
+def bf16_reference(local_ray):
+    return reference(local_ray, workloads.keras_bf16_reference, 2, BATCH)
+
+
+@pytest.mark.parametrize("name", list(BF16_LAYOUTS))
+def test_mixed_bfloat16_trains_in_every_layout(local_ray, bf16_reference, name):
+    result = raytf.fit(
+        workloads.bf16_mlp,
+        workloads.data,
+        global_batch_size=BATCH,
+        epochs=2,
+        layout=BF16_LAYOUTS[name],
+        verbose=False,
+    )
+    ref_loss, ref_weights = bf16_reference
+    assert result.load_model().layers[0].dtype_policy.name == "mixed_bfloat16"
+    assert all(w.dtype == np.float32 for w in result.weights)  # float32 master weights
+    # bfloat16 rounds activations to 8 bits of mantissa: close to Keras, not bit-equal.
+    np.testing.assert_allclose(result.history["loss"], ref_loss, rtol=2e-2)
+    for got, want in zip(result.weights, ref_weights, strict=True):
+        np.testing.assert_allclose(got, want, atol=5e-2)

@@ -408,3 +408,25 @@ def keras_fit_reference(epochs: int, batch: int, callbacks: str = "", **fit_kwar
         **fit_kwargs,
     )
     return history.history, model.get_weights()
+
+
+def bf16_mlp():
+    """The MLP under mixed_bfloat16, the policy set inside the model function as users do
+    (bfloat16 needs no loss scaling; CPUs run it, so this is mixed precision tested here)."""
+    import keras
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    model = mlp()
+    keras.mixed_precision.set_global_policy("float32")  # later models in the process
+    return model
+
+
+def keras_bf16_reference(epochs: int, batch: int):
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = bf16_mlp()
+    ds = tf.data.Dataset.from_tensor_slices(arrays()).batch(batch, drop_remainder=True)
+    history = model.fit(ds, epochs=epochs, verbose=0, shuffle=False)
+    return history.history["loss"], model.get_weights()

@@ -107,6 +107,7 @@ def agree(
         start_step=start_step,
         restored=state[0]["restored"],
         skipped=tuple(state[0].get("skipped_checkpoints", ())),
+        note=infos[0].get("note"),
     )
 
 

@@ -49,6 +49,8 @@ class Built:
     start_step: int
     restored: str | None = None
     skipped: tuple[str, ...] = ()
+    #: What the workers changed about the layout once they saw the model, for the user.
+    note: str | None = None
 
 
 @dataclass(frozen=True)

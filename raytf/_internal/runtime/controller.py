@@ -183,6 +183,8 @@ class Controller:
             for cb in self.callbacks:
                 cb.on_recovery(record)
         run.workers, run.servers = workers, servers
+        if built.note and built.note not in self.explanation:
+            self.explanation = f"{self.explanation} {built.note}"
         if not run.announced:
             announce(run, self, built, job)
         run.checkpoint_at = (position, time.time())

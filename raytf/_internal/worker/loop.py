@@ -266,6 +266,10 @@ def strategy_loop(
         strategy = tf.distribute.MirroredStrategy(devices=devices)
         md = ModelData(job, strategy, ctx, val_ctx, False, replicas)
         info = md.build()
+        info["note"] = (
+            "The model overrides train_step, which towers cannot run: its replicas run "
+            "under MirroredStrategy instead."
+        )
     checkpoints = Checkpoints(
         job.checkpoint_dir, spec.is_chief, spec.worker_index, model=md.model, optimizer=md.optimizer
     )
