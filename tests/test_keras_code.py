@@ -140,28 +140,36 @@ def test_keras_callbacks_all_reduce(local_ray, tmp_path):
     assert history.history["loss"] == pytest.approx(result.history["loss"])
 
 
-def test_keras_callbacks_parameter_servers(local_ray, tmp_path):
-    """ReduceLROnPlateau's rate reaches the servers from the same step; all stop at once."""
+@pytest.mark.parametrize(
+    "factory, epochs, rates",
+    [
+        # on_epoch_begin: the driver gives the servers the new rate before the epoch starts.
+        ("scheduler_callbacks", 2, [0.01, 0.005]),
+        # on_epoch_end (Keras logs the rate an epoch trained with: halved after 2 and 3).
+        ("plateau_callbacks", 3, [0.01, 0.01, 0.005]),
+    ],
+    ids=["scheduler", "plateau"],
+)
+def test_keras_callbacks_parameter_servers(local_ray, factory, epochs, rates):
+    """A new learning rate reaches every server from the same step; all stop at once."""
     ref_history, ref_weights = reference(
-        local_ray, workloads.keras_fit_reference, 6, BATCH, "plateau_callbacks"
+        local_ray, workloads.keras_fit_reference, 6, BATCH, factory
     )
-    plateau, stopper = workloads.plateau_callbacks()
+    changer, stopper = getattr(workloads, factory)()
     result = raytf.fit(
         workloads.mlp,
         workloads.data,
         global_batch_size=BATCH,
         epochs=6,
         layout=raytf.ParameterServer(workers=2, ps=1),
-        callbacks=[plateau, stopper],
+        callbacks=[changer, stopper],
         verbose=False,
     )
-    assert len(ref_history["loss"]) == 3
-    assert result.epochs_trained == 3
-    # Keras logs the rate an epoch trained with: halved after the second and third epochs.
-    assert ref_history["learning_rate"] == pytest.approx([0.01, 0.01, 0.005])
-    assert result.history["learning_rate"] == pytest.approx(ref_history["learning_rate"])
+    assert len(ref_history["loss"]) == result.epochs_trained == epochs
+    assert ref_history["learning_rate"] == pytest.approx(rates)
+    assert result.history["learning_rate"] == pytest.approx(rates)
     assert_same_weights(result.weights, ref_weights)
-    assert stopper.stopped_epoch == 2
+    assert stopper.stopped_epoch == epochs - 1
 
 
 def test_class_weight_validation_freq_and_initial_epoch_mean_what_they_mean_in_keras(
