@@ -116,7 +116,8 @@ def test_keras_callbacks_all_reduce(local_ray, tmp_path):
         callbacks=[
             scheduler,
             stopper,
-            keras.callbacks.TerminateOnNaN(),  # batch hooks: a stop agreed per block
+            # Batch hooks on the chief alone: every worker must still read and agree alike.
+            keras.callbacks.ProgbarLogger(),
             keras.callbacks.CSVLogger(str(log)),
             keras.callbacks.ModelCheckpoint(str(tmp_path / "model-{epoch}.keras")),
             history,
@@ -138,6 +139,28 @@ def test_keras_callbacks_all_reduce(local_ray, tmp_path):
     # The user's own objects read as after model.fit.
     assert stopper.stopped_epoch == 1
     assert history.history["loss"] == pytest.approx(result.history["loss"])
+
+
+def test_a_stop_mid_epoch_stops_every_all_reduce_worker_at_the_same_step(local_ray):
+    import keras
+
+    ref_history, ref_weights, ref_steps = reference(
+        local_ray, workloads.keras_stop_reference, 3, BATCH, 2
+    )
+    result = raytf.fit(
+        workloads.mlp,
+        workloads.data,
+        global_batch_size=BATCH,
+        epochs=3,
+        layout=raytf.AllReduce(workers=2),
+        callbacks=[workloads.stop_at_batch(2), keras.callbacks.TerminateOnNaN()],
+        steps_per_execution=1,
+        verbose=False,
+    )
+    assert ref_steps == result.global_step == 3  # batches 0, 1, 2 of the first epoch
+    assert result.epochs_trained == 1 and result.steps_trained == 3
+    np.testing.assert_allclose(result.history["loss"], ref_history["loss"], rtol=1e-4)
+    assert_same_weights(result.weights, ref_weights)
 
 
 @pytest.mark.parametrize(

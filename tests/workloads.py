@@ -430,3 +430,58 @@ def keras_bf16_reference(epochs: int, batch: int):
     ds = tf.data.Dataset.from_tensor_slices(arrays()).batch(batch, drop_remainder=True)
     history = model.fit(ds, epochs=epochs, verbose=0, shuffle=False)
     return history.history["loss"], model.get_weights()
+
+
+def stop_at_batch(batch: int):
+    """A callback of the user's that stops training mid-epoch after ``batch`` (as
+    TerminateOnNaN does on a NaN loss)."""
+    import keras
+
+    class StopAtBatch(keras.callbacks.Callback):
+        def on_train_batch_end(self, step, logs=None):
+            if step >= batch:
+                self.model.stop_training = True
+
+    return StopAtBatch()
+
+
+def keras_stop_reference(epochs: int, batch: int, stop_after: int):
+    """Keras's own fit, one step per call, stopped by stop_at_batch."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = mlp()
+    model.compile(
+        optimizer=model.optimizer, loss=model.loss, metrics=["accuracy"], steps_per_execution=1
+    )
+    ds = tf.data.Dataset.from_tensor_slices(arrays()).batch(batch, drop_remainder=True)
+    history = model.fit(
+        ds, epochs=epochs, verbose=0, shuffle=False, callbacks=[stop_at_batch(stop_after)]
+    )
+    return history.history, model.get_weights(), int(model.optimizer.iterations.numpy())
+
+
+def ray_dataset(n: int = EXAMPLES, seed: int = 0):
+    """arrays() as a Ray Dataset with columns x (12 floats a row) and y."""
+    import ray.data
+
+    x, y = arrays(n, seed)
+    return ray.data.from_items([{"x": xi, "y": yi} for xi, yi in zip(x, y)])
+
+
+def write_parquet(directory: str, files: int = 4) -> str:
+    """ray_dataset() as ``files`` Parquet files (x a tensor column); their glob."""
+    ray_dataset().repartition(files).write_parquet(directory)
+    return f"{directory}/*.parquet"
+
+
+def keras_evaluate_reference(x, y, batch: int):
+    """Keras's own fit (1 epoch) then evaluate and predict in one process."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = mlp()
+    model.fit(tf.data.Dataset.from_tensor_slices(arrays()).batch(64), epochs=1, verbose=0)
+    return model, model.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)

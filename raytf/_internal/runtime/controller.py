@@ -59,7 +59,6 @@ class Attempt:
     built: Built
     epoch: int  # the epoch under way
     step: int  # its next step
-    stopped: bool = False  # a Keras callback stopped training (every worker at one epoch)
 
 
 class Controller:
@@ -211,12 +210,14 @@ class Controller:
     def _train(self) -> State:
         a, run, job = self.attempt, self.run_state, self.next_job
         assert a is not None
-        if a.epoch >= job.epochs or a.stopped:
+        if a.epoch >= job.epochs or run.stopped:
             report = a.backend.report(a.group)
             self.result = fit_result(self, report)
             # The user's Keras callback objects read as after model.fit (History, ...).
             chief = next(f for f in report.finals if "weights" in f)
-            keras_callbacks.copy_back(job.keras_callbacks, chief.get("keras_callbacks") or ())
+            keras_callbacks.copy_back(
+                job.keras_callbacks, chief.get("keras_callbacks") or (), run.history, run.epochs
+            )
             self._stop_group()
             return State.DONE
         steps = a.built.steps
@@ -234,12 +235,13 @@ class Controller:
         run.segment = None  # done: a failure from here on is not this segment's
         run.position = segment.position
         run.seconds[a.epoch] = run.seconds.get(a.epoch, 0.0) + seconds
-        run.steps_trained += segment.stop - segment.start
-        run.rate = (segment.stop - segment.start) / seconds if seconds else run.rate
         # Every worker stopped at one step (a Keras callback set stop_training): the epoch
         # ends there, with its logs.
-        stopped_early = any(r.get("logs") is not None for r in results)
-        if not segment.ends_epoch and not stopped_early:
+        stopped_at = min((r["stopped_at"] for r in results if r.get("stopped_at")), default=None)
+        trained = (stopped_at or segment.stop) - segment.start
+        run.steps_trained += trained
+        run.rate = trained / seconds if seconds and trained else run.rate
+        if not segment.ends_epoch and stopped_at is None:
             a.step = segment.stop
             if job.checkpoint_dir:
                 path = a.backend.save(a.group, a.epoch, a.step)
@@ -248,9 +250,9 @@ class Controller:
                 if self._can_grow():  # just checkpointed: restart at the full size
                     return self._grow()
             return State.TRAIN
-        saved, a.stopped = self._finish_epoch(a, results)
+        saved, run.stopped = self._finish_epoch(a, results, stopped_at or steps)
         a.epoch, a.step = a.epoch + 1, 0
-        if a.stopped:
+        if run.stopped:
             return State.TRAIN  # to DONE, with the report
         if a.epoch < job.epochs and job.checkpoint_dir and self._can_grow():
             if not saved:  # the next epoch's start, so the full group goes on from here
@@ -308,9 +310,11 @@ class Controller:
         )
 
     # ------------------------------------------------------------------ helpers
-    def _finish_epoch(self, a: Attempt, results: list[dict]) -> tuple[str | None, bool]:
-        """Merge the epoch's logs, let the backend make its callbacks' decisions global and
-        checkpoint; the checkpoint's path and whether training stops here."""
+    def _finish_epoch(
+        self, a: Attempt, results: list[dict], trained: int
+    ) -> tuple[str | None, bool]:
+        """Merge the epoch's logs (``trained`` steps of it), let the backend make its
+        callbacks' decisions global and checkpoint; the checkpoint and whether to stop."""
         run, job, epoch, steps = self.run_state, a.job, a.epoch, a.built.steps
         seconds = run.seconds.pop(epoch, 0.0)
         run.durations.append(seconds)
@@ -320,12 +324,14 @@ class Controller:
         logs, saved = dict(end.logs), end.checkpoint
         run.epochs_done = epoch + 1
         if seconds:
-            logs["examples_per_second"] = steps * job.global_batch_size / seconds
+            logs["examples_per_second"] = trained * job.global_batch_size / seconds
         rates = [r["throughput"] for r in results]
         if all(rates):  # steady state so far, tracing excluded: what sweeps rank on
             logs["throughput"] = sum(rates)
+        run.epochs.append(epoch)
         for key, value in logs.items():
             run.history.setdefault(key, []).append(value)
+            run.history_epochs.setdefault(key, []).append(epoch)
         run.global_step = results[0]["global_step"]
         if saved:
             run.checkpoint_at = ((epoch + 1) * steps, time.time())

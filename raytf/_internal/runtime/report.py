@@ -42,6 +42,11 @@ class RunState:
     steps_trained: int = 0
     start_epoch: int = 0
     epochs_done: int = 0  # the epoch after the last one finished
+    #: The epochs finished (History.epoch), and the epoch of each history entry: val_*
+    #: entries exist only for the epochs validation_freq picks.
+    epochs: list[int] = dataclasses.field(default_factory=list)
+    history_epochs: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    stopped: bool = False  # a Keras callback stopped training: no epoch after this one
     rate: float | None = None
     announced: bool = False
     resumed_from: str | None = None
@@ -64,9 +69,11 @@ def row(cls: type, *parts: dict[str, Any]) -> Any:
 
 def trim_history(run: RunState, restored_epoch: int) -> None:
     """Epochs after the restored one are trained again: their history entries go."""
-    keep = max(0, restored_epoch - run.start_epoch)
-    for key in run.history:
+    run.epochs = [e for e in run.epochs if e < restored_epoch]
+    for key, epochs in run.history_epochs.items():
+        keep = sum(e < restored_epoch for e in epochs)
         del run.history[key][keep:]
+        del epochs[keep:]
 
 
 def announce(run: RunState, controller: Controller, built: Built, job: Job) -> None:

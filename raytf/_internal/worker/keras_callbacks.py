@@ -64,11 +64,24 @@ def check(callbacks: Sequence[Any]) -> None:
                 )
 
 
-def copy_back(originals: Sequence[Any], states: Sequence[dict[str, Any] | None]) -> None:
-    """Give the user's callback objects the state the chief's copies ended with."""
+def copy_back(
+    originals: Sequence[Any],
+    states: Sequence[dict[str, Any] | None],
+    history: dict[str, list[float]],
+    epochs: list[int],
+) -> None:
+    """Give the user's callback objects the state the chief's copies ended with. A History
+    gets the run's whole record (the chief's copy saw only the epochs since a recovery)."""
     for cb, state in zip(originals, states):
         if state:
             cb.__dict__.update(state)
+        if "History" in _keras_names(cb):
+            cb.epoch = list(epochs)
+            cb.history = {
+                k: list(v)
+                for k, v in history.items()
+                if k not in ("examples_per_second", "throughput")
+            }
 
 
 def _picklable_state(callback: Any) -> dict[str, Any]:
@@ -111,13 +124,9 @@ class KerasHooks:
             cb.set_params({"verbose": 0, "epochs": epochs, "steps": steps})
             if resumed and "CSVLogger" in _keras_names(cb):
                 cb.append = True  # a resumed run goes on with the rows it wrote
-        self.batch_hooks = any(
-            _overridden(cb, "on_train_batch_begin")
-            or _overridden(cb, "on_train_batch_end")
-            or _overridden(cb, "on_batch_begin")
-            or _overridden(cb, "on_batch_end")
-            for cb in self.callbacks
-        )
+        # Over every callback, not this worker's: batch hooks read the metrics and agree on
+        # stop_training collectively, so every worker must do it alike.
+        self.batch_hooks = any(uses_batch_hooks(cb) for cb in self.all)
 
     def _call(self, hook: str, *args: Any) -> None:
         for cb in self.callbacks:
@@ -160,20 +169,7 @@ class KerasHooks:
 
     # ------------------------------------------------------------ the learning rate
     def learning_rate(self) -> float | None:
-        """The optimizer's learning rate, if it is a value callbacks may set (None for a
-        LearningRateSchedule: it lives in the optimizer, with its step count, everywhere)."""
-        import keras
-
-        optimizer = getattr(self.model, "optimizer", None)
-        inner = getattr(optimizer, "inner_optimizer", optimizer)  # mixed precision
-        if isinstance(
-            getattr(inner, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule
-        ):
-            return None
-        try:
-            return float(optimizer.learning_rate)
-        except (AttributeError, TypeError, ValueError):
-            return None
+        return plain_learning_rate(getattr(self.model, "optimizer", None))
 
     def set_learning_rate(self, value: float) -> None:
         self.model.optimizer.learning_rate = value
@@ -186,7 +182,37 @@ class KerasHooks:
         return out
 
 
+def plain_learning_rate(optimizer: Any) -> float | None:
+    """The optimizer's learning rate, if it is a value callbacks may set; None for a
+    schedule or a callable (it lives in the optimizer, with its step count, everywhere)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # mixed precision
+    if callable(getattr(inner, "_learning_rate", None)):  # schedules are callables too
+        return None
+    try:
+        return float(optimizer.learning_rate)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 def _overridden(callback: Any, hook: str) -> bool:
+    """Whether ``hook`` does something: a subclass's method, or a function set on the
+    instance (LambdaCallback)."""
     import keras
 
-    return getattr(type(callback), hook) is not getattr(keras.callbacks.Callback, hook)
+    method = getattr(callback, hook)
+    return getattr(method, "__func__", None) is not getattr(keras.callbacks.Callback, hook)
+
+
+def uses_batch_hooks(callback: Any) -> bool:
+    """Whether ``callback`` acts between batches (writers that only write per epoch do not)."""
+    names = _keras_names(callback)
+    if "ModelCheckpoint" in names and getattr(callback, "save_freq", None) == "epoch":
+        return False
+    if (
+        "TensorBoard" in names
+        and getattr(callback, "update_freq", None) == "epoch"
+        and not getattr(callback, "_should_trace", False)
+    ):
+        return False
+    hooks = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+    return any(_overridden(callback, hook) for hook in hooks)

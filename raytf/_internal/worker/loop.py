@@ -107,8 +107,11 @@ class _Segment:
         self.loop, self.epoch, self.start, self.steps = loop, epoch, start, steps
         self.stopped = False
 
-    def go_on(self, done: int) -> bool:
-        self.stopped = self.loop.agreed_stop(self.epoch, self.start + done, self.steps)
+    def go_on(self, done: int, signals: bool = True) -> bool:
+        """``signals``: SIGTERM counts too (not after the segment's last block: the
+        controller's next segment or save sees it at a step that starts work)."""
+        step = self.start + done
+        self.stopped = self.loop.agreed_stop(self.epoch, step, self.steps, signals)
         return not self.stopped
 
     def begin(self, done: int) -> None:
@@ -166,11 +169,13 @@ class TrainLoop:
         block = _Segment(self, epoch, start, steps)
         done = self.runner.train(stop - start, block)
         if not block.stopped and self.hooks.batch_hooks:  # set by the last block's hooks?
-            block.go_on(done)
-        out: dict[str, Any] = {"logs": None, "checkpoint": None}
+            block.go_on(done, signals=False)
+        out: dict[str, Any] = {"logs": None, "checkpoint": None, "stopped_at": None}
         if stop >= steps or block.stopped:
-            at = start + done if block.stopped and start + done < steps else None
-            out["logs"], out["checkpoint"] = self._end_epoch(epoch, validation_steps, at)
+            # Stopped mid-epoch: the epoch ends here, as Keras ends it (callbacks, checkpoint).
+            out["logs"], out["checkpoint"] = self._end_epoch(epoch, validation_steps)
+            if start + done < steps:
+                out["stopped_at"] = start + done
         return {
             **out,
             "throughput": self.throughput,
@@ -179,14 +184,15 @@ class TrainLoop:
             "learning_rate": self.hooks.learning_rate(),
         }
 
-    def agreed_stop(self, epoch: int, step: int, epoch_steps: int) -> bool:
+    def agreed_stop(self, epoch: int, step: int, epoch_steps: int, signals: bool = True) -> bool:
         """Agree with every worker before a block: SIGTERM (checkpoint at this step and
         leave, raising Preempted) or ``stop_training`` (True: stop here, all of them)."""
         stop = self.hooks.stop
         if self.agreement is None:
             return stop
         collective = self.checkpoints.manager is not None or self.hooks.batch_hooks
-        stopping, stop = self.agreement.stopping(self.preempted(), stop, collective)
+        preempted = signals and self.preempted()
+        stopping, stop = self.agreement.stopping(preempted, stop, collective)
         if stopping:  # SIGTERM: every worker saves at this same step, then they leave
             save = self.save if self.checkpoints.manager is not None else None
             self.agreement.stop(stopping, epoch, step, epoch_steps, save)
@@ -194,11 +200,9 @@ class TrainLoop:
             self.md.model.stop_training = True
         return stop
 
-    def _end_epoch(
-        self, epoch: int, validation_steps: int | None, stopped_at: int | None = None
-    ) -> tuple[dict, str | None]:
+    def _end_epoch(self, epoch: int, validation_steps: int | None) -> tuple[dict, str | None]:
         """Metrics, validation, the epoch's callbacks, TensorBoard and the checkpoint of a
-        finished epoch (or of one stopped at step ``stopped_at``)."""
+        finished (or stopped) epoch."""
         logs = self.md.read_metrics()
         if self.md.validation is not None and validation_steps:
             self.hooks.test_begin()
@@ -212,9 +216,7 @@ class TrainLoop:
         self.checkpoints.write_scalars(logs, epoch)
         job = self.md.job
         checkpoint = None
-        if stopped_at is not None:
-            checkpoint = self.checkpoints.save(epoch, stopped_at, self.global_step)
-        elif (epoch + 1) % job.checkpoint_every == 0 or epoch + 1 == job.epochs:
+        if (epoch + 1) % job.checkpoint_every == 0 or epoch + 1 == job.epochs or self.hooks.stop:
             checkpoint = self.checkpoints.save(epoch + 1, 0, self.global_step)
         return logs, checkpoint
 

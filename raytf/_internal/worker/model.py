@@ -45,6 +45,11 @@ def overrides(model: keras.Model, method: str) -> bool:
 def class_weight_map(class_weight: dict[int, float], element_spec: Any) -> Callable[..., Any]:
     """Keras' class_weight as sample weights of batched ``(x, y)``, as ``model.fit`` makes
     them (keras/src/trainers/data_adapters/tf_dataset_adapter.py), checked first."""
+    if not isinstance(element_spec, (tuple, list)) or len(element_spec) not in (2, 3):
+        raise ConfigError(
+            f"class_weight needs data of (features, labels) examples, the data yields "
+            f"{describe_spec(element_spec)}."
+        )
     if len(element_spec) == 3:
         raise ConfigError(
             "class_weight was passed and the data already yields sample weights "

@@ -74,6 +74,7 @@ class RayParameterServerBackend(Backend):
             "prefetch_weights": layout.prefetch_weights,
             "checkpoint_dir": job.checkpoint_dir,
             "resume": job.resume,
+            "learning_rate": None,  # the servers' (after a restore), set below
         }
         shards = [[v for v, o in zip(variables, owner) if o == s] for s in range(layout.ps)]
         built = group.call(
@@ -83,6 +84,7 @@ class RayParameterServerBackend(Backend):
             timeout_s=t.start_s,
             phase="start",
         )
+        config["learning_rate"] = self.learning_rate = built[0].get("learning_rate")
         names = [m.name for m in servers]
         self.placement_of = {v["name"]: names[o] for v, o in zip(variables, owner)}
         for row, b in zip(self.server_rows, built):
@@ -154,9 +156,9 @@ class RayParameterServerBackend(Backend):
 
     def _set_learning_rate(self, group: ActorGroup, value: float | None) -> None:
         """The chief's learning rate is every server's (each has the optimizer's copy)."""
-        if value is not None and value != getattr(self, "learning_rate", None):
+        if value is not None and value != self.learning_rate:
             self._on(group, "ps", "set_learning_rate", value, phase="epoch")
-            self.learning_rate = value
+            self.learning_rate = self.connect[3]["learning_rate"] = value  # for replacements
 
     def end_epoch(
         self, group: ActorGroup, epoch: int, results: list[dict], logs: dict[str, float]

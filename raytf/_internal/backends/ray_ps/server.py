@@ -128,10 +128,14 @@ class ParameterShard:
             values=lambda: values().numpy(),
             version=version,
         )
+        from raytf._internal.worker.keras_callbacks import plain_learning_rate
+
         return {
             "start_epoch": epoch,
             "start_step": step,
             "restored": self.restored,
+            # A callback's rate restored with the optimizer: the workers' callbacks start there.
+            "learning_rate": plain_learning_rate(self.optimizer),
             "bytes": sum(int(v["value"].nbytes) for v in variables),
             "variables": len(self.names),
         }

@@ -52,7 +52,6 @@ class PSWorker:
         self.hooks = KerasHooks(
             job.keras_callbacks, self.step.md.model, self.spec.is_chief, job.epochs, steps
         )
-        self.hooks.train_begin()
         self.last_logs: dict[str, float] = {}
         return info
 
@@ -71,6 +70,9 @@ class PSWorker:
         self.staleness = config["staleness"]
         self.prefetch = bool(config["prefetch_weights"]) and self.staleness != 0
         self.step.connect(owner, len(servers))
+        if config.get("learning_rate") is not None:  # the servers' rate: callbacks go on from it
+            self.hooks.set_learning_rate(config["learning_rate"])
+        self.hooks.train_begin()
         self.versions = [0] * len(servers)  # of the weights the current step computes on
         self.steps = 0  # steps this worker has started, across epochs
         self.generation = 0  # bumped by the servers each time this worker is replaced

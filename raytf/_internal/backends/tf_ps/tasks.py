@@ -122,8 +122,8 @@ class ScheduledRunner:
 
     def train(self, steps: int, block: Block) -> int:
         """``steps`` global steps (a batch on each worker), in closures; ``block`` may stop
-        scheduling more (a callback's ``stop_training``). Batch hooks see no logs: the
-        closures run asynchronously. Returns the global steps trained."""
+        scheduling more (a callback's ``stop_training``). The closures run asynchronously:
+        batch hooks see the logs of the closures done so far. Returns the steps trained."""
         import tensorflow as tf
 
         from raytf._internal.worker.loop import steps_per_call
@@ -141,6 +141,7 @@ class ScheduledRunner:
                 self.coordinator.join()
                 self.clock.record(1, t0)
                 first, t0 = n, time.perf_counter()
+            block.end(done // self.workers, max(1, n // self.workers))
             done += n
         self.coordinator.join()
         if done > first:
