@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -263,6 +264,9 @@ def fit(
     stragglers: bool = False,
     preemptible: bool = False,
     runtime_env: dict[str, Any] | None = None,
+    feature_columns: str | Sequence[str] | None = None,
+    label_columns: str | Sequence[str] | None = None,
+    sample_weight_column: str | None = None,
     class_weight: dict[int, float] | None = None,
     validation_freq: int = 1,
     initial_epoch: int = 0,
@@ -270,8 +274,11 @@ def fit(
     """Train a Keras 3 model on Ray with the layout that suits the cluster.
 
     ``model`` builds (and usually compiles) a ``keras.Model``; raytf calls it inside each
-    worker's strategy scope. ``data`` takes an :class:`~raytf.InputContext` and returns this
-    worker's unbatched ``tf.data.Dataset`` of ``(features, labels)``. ``layout="auto"`` puts
+    worker's strategy scope. ``data`` (and ``validation_data``) is a function that takes an
+    :class:`~raytf.InputContext` and returns this worker's unbatched ``tf.data.Dataset`` of
+    ``(features, labels)``; or NumPy arrays ``(x, y[, sample_weight])`` as ``model.fit``
+    takes them; or a ``ray.data.Dataset`` or Parquet/TFRecord files, with
+    ``feature_columns=``/``label_columns=`` naming the columns. ``layout="auto"`` puts
     the replicas in one graph when they fit on one node and uses all-reduce across nodes
     otherwise, or parameter servers when they pay (``stragglers=True``, ``preemptible=True``,
     spare CPU-only nodes); ``result.explanation`` says why. ``failures=FailurePolicy(...)``
@@ -286,6 +293,7 @@ def fit(
     ``test_step`` run in every layout that can run them, and are refused by name elsewhere.
     """
     started = time.time()
+    from raytf._internal import inputs
     from raytf._internal.runtime import runtime_env as renv
     from raytf._internal.worker import keras_callbacks
 
@@ -302,6 +310,9 @@ def fit(
                 f"received {type(cb).__name__} ({cb!r:.80})."
             )
     keras_callbacks.check(keras_hooks)
+    columns = (feature_columns, label_columns, sample_weight_column)
+    data = inputs.as_data_fn(data, "data", *columns)
+    validation_data = inputs.as_data_fn(validation_data, "validation_data", *columns)
     job = Job(
         model_fn=model,
         data_fn=data,
@@ -337,6 +348,11 @@ def fit(
     )
     chosen = plan_request(request, address=address)
     check_batch_split(global_batch_size, chosen.layout.num_replicas)
+    workers = chosen.layout.num_workers
+    for name, what in (("data_fn", "data"), ("validation_fn", "validation_data")):
+        shipped = inputs.ship(getattr(job, name), workers)  # once, before any actor starts
+        inputs.check_for_layout(shipped, what, chosen.layout, global_batch_size)
+        job = dataclasses.replace(job, **{name: shipped})
     runtime_env = renv.for_actors(runtime_env)  # local paths uploaded once, as ray.init would
     if (
         failures.max_failures
@@ -353,6 +369,12 @@ def fit(
 
     if failures.elastic:
         check_elastic(failures, chosen.layout)
+        if isinstance(job.data_fn, inputs.RayDataInput):
+            raise ConfigError(
+                "An elastic FailurePolicy (min_workers=...) changes the worker count, which a "
+                "Ray Dataset split per worker cannot follow yet; pass a data function or "
+                "NumPy arrays, or drop min_workers."
+            )
 
     from raytf._internal.runtime.controller import Controller
 

@@ -50,6 +50,10 @@ def ray_with_gpus():
     ray.shutdown()
 
 
+#: Ray Data's own actors, which live as long as the datasets a test made (not raytf's).
+RAY_DATA_ACTORS = {"_AutoscalingCoordinatorActor", "_StatsActor", "SplitCoordinator"}
+
+
 def alive_actors() -> list[str]:
     """Names of live actor classes, from the GCS (the state API needs the dashboard)."""
     import ray
@@ -57,5 +61,5 @@ def alive_actors() -> list[str]:
     return [
         a.get("ActorClassName", "?")
         for a in ray._private.state.actors().values()
-        if a["State"] == "ALIVE"
+        if a["State"] == "ALIVE" and a.get("ActorClassName", "?") not in RAY_DATA_ACTORS
     ]

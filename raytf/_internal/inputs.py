@@ -1,0 +1,322 @@
+"""What ``data=`` and ``validation_data=`` may be, each turned into raytf's one form: a data
+function (InputContext -> this worker's unbatched ``tf.data.Dataset``), so every layout reads
+every kind of input alike, with the same batching and epoch rules.
+
+- a function: as it is;
+- NumPy arrays, as ``model.fit`` takes them: ``(x, y)`` or ``(x, y, sample_weight)``, where x
+  and y are arrays or dicts of arrays. The driver puts them in Ray's object store once (not
+  once per actor); each worker reads its every ``num_workers``-th example, as
+  ``InputContext.shard`` picks them, from a zero-copy view of the stored arrays;
+- a ``ray.data.Dataset``: split across the workers with Ray Data's streaming split (equal
+  shares) and fed to TensorFlow a batch at a time (no Python per example);
+  ``feature_columns``/``label_columns`` (a name: a tensor; a list: a dict) say which is which;
+- files: a path, a glob or a list of Parquet or TFRecord files, read through Ray Data.
+
+Checks run in the driver before any actor starts; shipping (``ship``) happens once Ray is up.
+This module imports neither TensorFlow nor Ray Data until a worker or the driver needs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from raytf.errors import ConfigError
+
+#: Rows a worker asks Ray Data for at a time: one Python call per this many examples.
+RAY_DATA_BATCH = 256
+FILE_KINDS = {".parquet": "parquet", ".tfrecord": "tfrecords", ".tfrecords": "tfrecords"}
+
+
+# ------------------------------------------------------------------------- NumPy arrays
+def _is_array(value: Any) -> bool:
+    import numpy as np
+
+    return isinstance(value, np.ndarray)
+
+
+def _leaves(value: Any, name: str) -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        return [(f"{name}[{k!r}]", v) for k, v in value.items()]
+    return [(name, value)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayInput:
+    """``(x, y[, sample_weight])`` arrays; after :meth:`shipped`, a reference to them."""
+
+    arrays: Any = dataclasses.field(default=None, repr=False)
+    ref: Any = None
+    rows: int = 0
+
+    def shipped(self) -> ArrayInput:
+        import ray
+
+        return ArrayInput(ref=ray.put(self.arrays), rows=self.rows)
+
+    def __call__(self, ctx: Any) -> Any:
+        import ray
+        import tensorflow as tf
+
+        arrays = ray.get(self.ref) if self.ref is not None else self.arrays
+        i, n = ctx.worker_index, ctx.num_workers
+        part = tf.nest.map_structure(lambda a: a[i::n], arrays)  # InputContext.shard's pick
+        return tf.data.Dataset.from_tensor_slices(part)
+
+
+def array_input(data: tuple, what: str) -> ArrayInput:
+    """Check ``data`` as model.fit would: (x, y) or (x, y, sample_weight), equal lengths."""
+    if len(data) not in (2, 3):
+        raise ConfigError(
+            f"{what} got a tuple of {len(data)} arrays, expected (x, y) or "
+            "(x, y, sample_weight) as model.fit takes them."
+        )
+    names = ("x", "y", "sample_weight")
+    leaves = [leaf for part, name in zip(data, names) for leaf in _leaves(part, name)]
+    for name, value in leaves:
+        if not _is_array(value):
+            raise ConfigError(
+                f"{what}: {name} is a {type(value).__name__}, expected a NumPy array (or a dict "
+                "of them); convert it with np.asarray."
+            )
+        if value.ndim == 0:
+            raise ConfigError(f"{what}: {name} is a scalar; expected one row per example.")
+    lengths = {name: len(value) for name, value in leaves}
+    if len(set(lengths.values())) > 1:
+        raise ConfigError(
+            f"{what}: the arrays have different lengths {lengths}; every array needs one row "
+            "per example."
+        )
+    arrays = tuple(
+        {k: v for k, v in part.items()} if isinstance(part, dict) else part for part in data
+    )
+    return ArrayInput(arrays=arrays, rows=next(iter(lengths.values())))
+
+
+# ------------------------------------------------------------------------- Ray Data
+@dataclasses.dataclass(frozen=True)
+class RayDataInput:
+    """A Ray Dataset's columns as ``(features, labels[, weights])``; after :meth:`shipped`,
+    one streaming-split iterator per worker."""
+
+    dataset: Any = dataclasses.field(default=None, repr=False)
+    features: str | tuple[str, ...] = ()
+    labels: str | tuple[str, ...] = ()
+    weights: str | None = None
+    #: Column -> (shape of one row's value, dtype name), read from the first row.
+    specs: dict[str, tuple[tuple[int, ...], str]] = dataclasses.field(default_factory=dict)
+    rows: int = 0
+    iterators: tuple[Any, ...] = ()
+
+    #: A worker replaced alone would wait at the split's epoch barrier for the others: a lost
+    #: worker restarts the whole group instead.
+    restartable_in_place = False
+
+    def shipped(self, workers: int) -> RayDataInput:
+        iterators = self.dataset.streaming_split(workers, equal=True)
+        return dataclasses.replace(self, dataset=None, iterators=tuple(iterators))
+
+    def _structure(self, columns: Any, get: Callable[[str], Any]) -> Any:
+        if isinstance(columns, str):
+            return get(columns)
+        return {c: get(c) for c in columns}
+
+    def __call__(self, ctx: Any) -> Any:
+        import tensorflow as tf
+
+        if len(self.iterators) != ctx.num_workers:
+            raise ConfigError(
+                f"A Ray Dataset split for {len(self.iterators)} worker(s) was read by "
+                f"{ctx.num_workers}: a run that changes its worker count (an elastic "
+                "FailurePolicy) cannot use Ray Data input yet; pass a data function."
+            )
+        iterator = self.iterators[ctx.worker_index]
+
+        def spec(column: str) -> tf.TensorSpec:
+            shape, dtype = self.specs[column]
+            return tf.TensorSpec((None, *shape), tf.as_dtype(dtype))
+
+        parts = [self.features, self.labels] + ([self.weights] if self.weights else [])
+        signature = tuple(self._structure(p, spec) for p in parts)
+
+        def batches() -> Any:
+            for batch in iterator.iter_batches(
+                batch_size=RAY_DATA_BATCH, batch_format="numpy", prefetch_batches=2
+            ):
+                yield tuple(self._structure(p, batch.__getitem__) for p in parts)
+
+        ds = tf.data.Dataset.from_generator(batches, output_signature=signature).unbatch()
+        # Equal shares: every worker's epoch has this many rows, so epochs have known steps.
+        return ds.apply(tf.data.experimental.assert_cardinality(self.rows // ctx.num_workers))
+
+
+def _columns(value: Any, name: str, available: Sequence[str]) -> str | tuple[str, ...]:
+    if isinstance(value, str):
+        wanted: list[str] = [value]
+    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        wanted = list(value)
+    else:
+        raise ConfigError(
+            f"{name} must be a column name or a list of them, received {value!r}; the dataset "
+            f"has columns {list(available)}."
+        )
+    missing = [c for c in wanted if c not in available]
+    if missing:
+        raise ConfigError(
+            f"{name} names column(s) {missing} that the Ray Dataset does not have; it has "
+            f"{list(available)}."
+        )
+    return value if isinstance(value, str) else tuple(value)
+
+
+def ray_data_input(
+    dataset: Any, what: str, features: Any, labels: Any, weights: str | None
+) -> RayDataInput:
+    """Check the columns and read one row for the tensors' shapes and dtypes."""
+    import numpy as np
+
+    columns = list(dataset.columns() or [])
+    if features is None or labels is None:
+        raise ConfigError(
+            f"{what} is a Ray Dataset with columns {columns}: pass feature_columns= and "
+            "label_columns= (a name for one tensor, a list for a dict of tensors)."
+        )
+    feats = _columns(features, "feature_columns", columns)
+    labs = _columns(labels, "label_columns", columns)
+    if weights is not None:
+        _columns(weights, "sample_weight_column", columns)
+    rows = dataset.count()
+    first = dataset.take(1)
+    if not first:
+        raise ConfigError(f"{what} is an empty Ray Dataset.")
+    specs = {}
+    for column, value in first[0].items():
+        array = np.asarray(value)
+        if array.dtype == object:
+            continue  # not a tensor column; refused below if it is used
+        specs[column] = (tuple(array.shape), array.dtype.name)
+    used = [*(feats if isinstance(feats, tuple) else [feats])]
+    used += [*(labs if isinstance(labs, tuple) else [labs])] + ([weights] if weights else [])
+    bad = [c for c in used if c not in specs]
+    if bad:
+        raise ConfigError(
+            f"{what}: column(s) {bad} do not hold numbers (e.g. strings or ragged lists); "
+            "map them to fixed-shape numeric arrays with Dataset.map_batches first."
+        )
+    return RayDataInput(dataset, feats, labs, weights, specs, rows)
+
+
+def file_input(paths: Any, what: str) -> list[str]:
+    """Expand a path, a glob or a list of them; every file must exist (local paths)."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    found: list[str] = []
+    for item in map(str, items):
+        if "://" in item:
+            found.append(item)  # a remote URI: Ray Data reads and checks it
+            continue
+        matches = sorted(glob.glob(item)) if glob.has_magic(item) else [item]
+        if not matches or not all(os.path.isfile(m) for m in matches):
+            raise ConfigError(
+                f"{what}: no readable file at {item!r}. Pass Parquet or TFRecord files: a "
+                "path, a glob ('data/*.parquet') or a list of paths."
+            )
+        found.extend(matches)
+    kinds = {FILE_KINDS.get(os.path.splitext(p)[1].lower()) for p in found}
+    if len(kinds) != 1 or None in kinds:
+        raise ConfigError(
+            f"{what}: files must all be Parquet (.parquet) or all TFRecord (.tfrecord), "
+            f"received {found[:5]}."
+        )
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class FileInput:
+    """Checked file paths, read through Ray Data once Ray is up (:func:`ship`)."""
+
+    paths: tuple[str, ...]
+    what: str
+    columns: tuple[Any, Any, str | None]
+
+    def __call__(self, ctx: Any) -> Any:  # pragma: no cover - shipped before any actor
+        raise ConfigError("File input must be shipped (raytf.fit does it) before it is read.")
+
+    def read(self) -> RayDataInput:
+        return ray_data_input(read_files(list(self.paths)), self.what, *self.columns)
+
+
+def read_files(paths: list[str]) -> Any:
+    import ray.data
+
+    kind = FILE_KINDS[os.path.splitext(paths[0])[1].lower()]
+    return getattr(ray.data, f"read_{kind}")(paths)
+
+
+# ------------------------------------------------------------------------- any input
+def as_data_fn(
+    data: Any,
+    what: str,
+    feature_columns: Any = None,
+    label_columns: Any = None,
+    sample_weight_column: str | None = None,
+) -> Any:
+    """``data`` as a data function (or None), checked."""
+    if data is None or (callable(data) and not _is_ray_dataset(data)):
+        return data
+    if (
+        isinstance(data, (tuple, list))
+        and data
+        and (_is_array(data[0]) or isinstance(data[0], dict))
+    ):
+        return array_input(tuple(data), what)
+    if _is_ray_dataset(data):
+        return ray_data_input(data, what, feature_columns, label_columns, sample_weight_column)
+    if isinstance(data, (str, os.PathLike)) or (
+        isinstance(data, (list, tuple)) and data and all(isinstance(p, str) for p in data)
+    ):
+        paths = tuple(file_input(data, what))
+        return FileInput(paths, what, (feature_columns, label_columns, sample_weight_column))
+    raise ConfigError(
+        f"{what} got {type(data).__name__}; expected a function (InputContext -> unbatched "
+        "tf.data.Dataset), NumPy arrays (x, y) or (x, y, sample_weight), a ray.data.Dataset "
+        "with feature_columns=/label_columns=, or Parquet/TFRecord file paths."
+    )
+
+
+def _is_ray_dataset(data: Any) -> bool:
+    return type(data).__module__.startswith("ray.data") and hasattr(data, "streaming_split")
+
+
+def ship(fn: Any, workers: int) -> Any:
+    """The data function as actors receive it: arrays by reference, Ray Data split."""
+    if isinstance(fn, FileInput):
+        fn = fn.read()
+    if isinstance(fn, ArrayInput) and fn.ref is None:
+        return fn.shipped()
+    if isinstance(fn, RayDataInput) and not fn.iterators:
+        return fn.shipped(workers)
+    return fn
+
+
+def check_for_layout(fn: Any, what: str, layout: Any, global_batch_size: int) -> None:
+    """What a layout cannot read, and data too small for one global batch, refused before
+    any actor starts."""
+    tensorflow_ps = getattr(layout, "resolved_backend", None) == "tensorflow"
+    if isinstance(fn, (RayDataInput, FileInput)) and tensorflow_ps:
+        raise ConfigError(
+            f"{what}: a Ray Dataset or files cannot feed ParameterServer(backend="
+            "'tensorflow'): TensorFlow sends the input pipeline to its workers as a graph. "
+            "Use backend='ray', or pass a data function."
+        )
+    rows = getattr(fn, "rows", None)
+    if what == "data" and isinstance(fn, (ArrayInput, RayDataInput)) and rows is not None:
+        usable = rows // layout.num_workers * layout.num_workers
+        if usable < global_batch_size:
+            raise ConfigError(
+                f"{what} has {rows} rows, fewer rows than one global batch of "
+                f"{global_batch_size} over {layout.num_workers} worker(s); use a smaller "
+                "global_batch_size or more data."
+            )

@@ -1,0 +1,103 @@
+"""Data as users have it: NumPy arrays, Ray Data, Parquet files; each checked, each trained on
+with real Ray Data and TensorFlow and compared with the tf.data function path (Keras's fit on
+the same examples)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import workloads
+from conftest import alive_actors
+
+import raytf
+
+pytestmark = [pytest.mark.ray]
+
+EPOCHS, BATCH = 2, 64
+
+
+@pytest.fixture(scope="module")
+def reference(local_ray):
+    task = local_ray.remote(max_calls=1)(workloads.keras_reference)
+    return local_ray.get(task.remote(EPOCHS, BATCH))
+
+
+def fit(data, layout, **kwargs):
+    return raytf.fit(
+        workloads.mlp,
+        data,
+        global_batch_size=BATCH,
+        epochs=EPOCHS,
+        layout=layout,
+        verbose=False,
+        **kwargs,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout",
+    [raytf.AllReduce(workers=2), raytf.ParameterServer(workers=2, ps=1)],
+    ids=["all-reduce", "ps"],
+)
+def test_numpy_arrays_train_on_the_same_examples_as_the_function_path(local_ray, reference, layout):
+    """Arrays are sharded as InputContext.shard shards: the same steps as Keras's fit."""
+    result = fit(workloads.arrays(), layout, validation_data=workloads.arrays(128, seed=1))
+    ref_loss, ref_weights = reference
+    np.testing.assert_allclose(result.history["loss"], ref_loss, rtol=1e-4)
+    for got, want in zip(result.weights, ref_weights, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    assert "val_loss" in result.history
+    assert alive_actors() == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "source, layout",
+    [
+        ("ray-data", raytf.AllReduce(workers=2)),
+        ("ray-data", raytf.ParameterServer(workers=2, ps=1)),
+        ("parquet", raytf.InGraph(devices=2)),
+    ],
+    ids=["ray-data-all-reduce", "ray-data-ps", "parquet-in-graph"],
+)
+def test_ray_data_and_files_train_like_the_function_path(
+    local_ray, reference, tmp_path, source, layout
+):
+    data = workloads.ray_dataset() if source == "ray-data" else workloads.write_parquet(tmp_path)
+    result = fit(data, layout, feature_columns="x", label_columns="y")
+    # Ray Data splits by blocks, not every n-th row: other batches, the same data and steps.
+    assert result.global_step == EPOCHS * (workloads.EXAMPLES // BATCH)
+    ref_loss, _ = reference
+    loss = result.history["loss"]
+    assert loss[-1] < loss[0]
+    np.testing.assert_allclose(loss, ref_loss, rtol=0.1)
+    assert alive_actors() == []
+
+
+def test_arrays_of_different_lengths_are_refused_before_ray_starts():
+    x, y = workloads.arrays()
+    with pytest.raises(raytf.ConfigError, match=r"different lengths \{'x': 512, 'y': 500\}"):
+        fit((x, y[:500]), "all-reduce")
+    with pytest.raises(raytf.ConfigError, match="expected a NumPy array"):
+        fit((x, list(y)), "all-reduce")
+
+
+def test_ray_data_and_file_mistakes_are_named(local_ray, tmp_path):
+    ds = workloads.ray_dataset()
+    with pytest.raises(raytf.ConfigError, match=r"\['z'\].*has \['x', 'y'\]"):
+        fit(ds, "all-reduce", feature_columns="z", label_columns="y")
+    with pytest.raises(raytf.ConfigError, match="pass feature_columns= and label_columns="):
+        fit(ds, "all-reduce")
+    with pytest.raises(raytf.ConfigError, match="fewer rows than one global batch"):
+        fit(workloads.ray_dataset(40), "all-reduce", feature_columns="x", label_columns="y")
+    with pytest.raises(raytf.ConfigError, match="no readable file"):
+        fit(str(tmp_path / "missing-*.parquet"), "all-reduce", feature_columns="x")
+    with pytest.raises(raytf.ConfigError, match="backend='tensorflow'"):
+        fit(
+            ds,
+            raytf.ParameterServer(workers=1, ps=1, staleness=None, backend="tensorflow"),
+            feature_columns="x",
+            label_columns="y",
+        )
+    assert alive_actors() == []
