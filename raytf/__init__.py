@@ -19,6 +19,7 @@ from raytf.errors import (
 from raytf.layouts import AllReduce, InGraph, Layout, ParameterServer, layout_names
 from raytf.records import FailureRecord, ResizeRecord, ServerRow, WorkerRow
 from raytf.result import FitResult
+from raytf.scoring import evaluate, predict
 from raytf.sweep import SweepResult, sweep
 
 __version__ = "0.2.0"
@@ -47,9 +48,11 @@ __all__ = [
     "Timeouts",
     "WorkerError",
     "WorkerRow",
+    "evaluate",
     "fit",
     "layout_names",
     "plan",
+    "predict",
     "sweep",
     "trial_resources",
 ]

@@ -51,7 +51,12 @@ def ray_with_gpus():
 
 
 #: Ray Data's own actors, which live as long as the datasets a test made (not raytf's).
-RAY_DATA_ACTORS = {"_AutoscalingCoordinatorActor", "_StatsActor", "SplitCoordinator"}
+RAY_DATA_ACTORS = {
+    "_AutoscalingCoordinatorActor",
+    "_StatsActor",
+    "SplitCoordinator",
+    "ActorLocationTracker",
+}
 
 
 def alive_actors() -> list[str]:

@@ -101,3 +101,45 @@ def test_ray_data_and_file_mistakes_are_named(local_ray, tmp_path):
             label_columns="y",
         )
     assert alive_actors() == []
+
+
+@pytest.mark.slow
+def test_evaluate_and_predict_equal_keras_on_one_process(local_ray, tmp_path):
+    trained = raytf.fit(
+        workloads.mlp,
+        workloads.data,
+        global_batch_size=BATCH,
+        layout="in-graph",
+        checkpoint_dir=str(tmp_path),
+        verbose=False,
+    )
+    # 133 rows: a partial last batch of 32 on each of 2 workers, which Keras evaluates too.
+    x, y = workloads.arrays(133, seed=2)
+    task = local_ray.remote(max_calls=1)(workloads.keras_score_reference)
+    ref_metrics, ref_predictions = local_ray.get(task.remote(trained.model_path, x, y, 32))
+
+    metrics = raytf.evaluate(trained, (x, y))
+    assert metrics.keys() == ref_metrics.keys() == {"loss", "accuracy"}
+    for key in metrics:
+        assert metrics[key] == pytest.approx(ref_metrics[key], rel=1e-5)
+    predictions = raytf.predict(trained.model_path, x)
+    np.testing.assert_allclose(predictions, ref_predictions, atol=1e-5)
+
+    # A Ray Dataset: every row evaluated, and a predictions column for every row.
+    ds = workloads.ray_dataset(133, seed=2)
+    metrics = raytf.evaluate(trained, ds, feature_columns="x", label_columns="y")
+    assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=1e-5)
+    rows = raytf.predict(trained, ds, feature_columns="x").take_all()
+    assert len(rows) == 133
+    index = {row.tobytes(): i for i, row in enumerate(x)}
+    for row in rows:
+        want = ref_predictions[index[np.asarray(row["x"], "float32").tobytes()]]
+        np.testing.assert_allclose(row["predictions"], want, atol=1e-5)
+    assert alive_actors() == []
+
+
+def test_scoring_mistakes_are_named(local_ray, tmp_path):
+    with pytest.raises(raytf.ConfigError, match=r"path of a \.keras file"):
+        raytf.evaluate(str(tmp_path / "missing.keras"), workloads.arrays())
+    with pytest.raises(raytf.ConfigError, match="batch_size must be a positive integer"):
+        raytf.predict(str(tmp_path / "x.keras"), workloads.arrays()[0], batch_size=0)

@@ -110,14 +110,16 @@ class RayDataInput:
     specs: dict[str, tuple[tuple[int, ...], str]] = dataclasses.field(default_factory=dict)
     rows: int = 0
     iterators: tuple[Any, ...] = ()
+    #: Equal shares (training: every worker steps alike) or every row (evaluation).
+    equal: bool = True
 
     #: A worker replaced alone would wait at the split's epoch barrier for the others: a lost
     #: worker restarts the whole group instead.
     restartable_in_place = False
 
-    def shipped(self, workers: int) -> RayDataInput:
-        iterators = self.dataset.streaming_split(workers, equal=True)
-        return dataclasses.replace(self, dataset=None, iterators=tuple(iterators))
+    def shipped(self, workers: int, equal: bool = True) -> RayDataInput:
+        iterators = self.dataset.streaming_split(workers, equal=equal)
+        return dataclasses.replace(self, dataset=None, iterators=tuple(iterators), equal=equal)
 
     def _structure(self, columns: Any, get: Callable[[str], Any]) -> Any:
         if isinstance(columns, str):
@@ -149,6 +151,8 @@ class RayDataInput:
                 yield tuple(self._structure(p, batch.__getitem__) for p in parts)
 
         ds = tf.data.Dataset.from_generator(batches, output_signature=signature).unbatch()
+        if not self.equal:
+            return ds
         # Equal shares: every worker's epoch has this many rows, so epochs have known steps.
         return ds.apply(tf.data.experimental.assert_cardinality(self.rows // ctx.num_workers))
 
@@ -290,15 +294,31 @@ def _is_ray_dataset(data: Any) -> bool:
     return type(data).__module__.startswith("ray.data") and hasattr(data, "streaming_split")
 
 
-def ship(fn: Any, workers: int) -> Any:
-    """The data function as actors receive it: arrays by reference, Ray Data split."""
+def ship(fn: Any, workers: int, equal: bool = True) -> Any:
+    """The data function as actors receive it: arrays by reference, Ray Data split (in
+    ``equal`` shares for training, every row for evaluation)."""
     if isinstance(fn, FileInput):
         fn = fn.read()
     if isinstance(fn, ArrayInput) and fn.ref is None:
         return fn.shipped()
     if isinstance(fn, RayDataInput) and not fn.iterators:
-        return fn.shipped(workers)
+        return fn.shipped(workers, equal)
     return fn
+
+
+def features_input(x: Any, what: str) -> ArrayInput:
+    """``x`` alone (an array or a dict of arrays), as ``model.predict`` takes it."""
+    leaves = _leaves(x, "x")
+    for name, value in leaves:
+        if not _is_array(value) or value.ndim == 0:
+            raise ConfigError(
+                f"{what}: {name} is a {type(value).__name__}, expected a NumPy array of one "
+                "row per example (or a dict of them)."
+            )
+    lengths = {name: len(value) for name, value in leaves}
+    if len(set(lengths.values())) > 1:
+        raise ConfigError(f"{what}: the arrays have different lengths {lengths}.")
+    return ArrayInput(arrays=(dict(x) if isinstance(x, dict) else x,), rows=len(leaves[0][1]))
 
 
 def check_for_layout(fn: Any, what: str, layout: Any, global_batch_size: int) -> None:
