@@ -53,9 +53,11 @@ def test_public_api_is_small_and_explicit():
         "Timeouts",
         "WorkerError",
         "WorkerRow",
+        "evaluate",
         "fit",
         "layout_names",
         "plan",
+        "predict",
         "sweep",
         "trial_resources",
     }

@@ -16,10 +16,16 @@ pytestmark = [pytest.mark.ray]
 EPOCHS, BATCH = 2, 64
 
 
+#: Validation rows that leave partial batches in every layout (and uneven worker shards).
+VALIDATION_ROWS = 133
+
+
 @pytest.fixture(scope="module")
 def reference(local_ray):
-    task = local_ray.remote(max_calls=1)(workloads.keras_reference)
-    return local_ray.get(task.remote(EPOCHS, BATCH))
+    """Keras's fit, validating on every one of VALIDATION_ROWS examples."""
+    task = local_ray.remote(max_calls=1)(workloads.keras_fit_reference)
+    history, weights = local_ray.get(task.remote(EPOCHS, BATCH, validation_rows=VALIDATION_ROWS))
+    return history["loss"], weights, history["val_loss"]
 
 
 def fit(data, layout, **kwargs):
@@ -37,17 +43,24 @@ def fit(data, layout, **kwargs):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "layout",
-    [raytf.AllReduce(workers=2), raytf.ParameterServer(workers=2, ps=1)],
-    ids=["all-reduce", "ps"],
+    [
+        raytf.InGraph(devices=2, strategy="mirrored"),
+        raytf.AllReduce(workers=2),
+        raytf.ParameterServer(workers=2, ps=1),
+    ],
+    ids=["mirrored", "all-reduce", "ps"],
 )
 def test_numpy_arrays_train_on_the_same_examples_as_the_function_path(local_ray, reference, layout):
-    """Arrays are sharded as InputContext.shard shards: the same steps as Keras's fit."""
-    result = fit(workloads.arrays(), layout, validation_data=workloads.arrays(128, seed=1))
-    ref_loss, ref_weights = reference
+    """Arrays are sharded as InputContext.shard shards: the same steps as Keras's fit. The
+    validation set leaves partial batches (and shards of 67 and 66 rows): every example is
+    evaluated, so val_loss is Keras's."""
+    validation = workloads.arrays(VALIDATION_ROWS, seed=1)
+    result = fit(workloads.arrays(), layout, validation_data=validation)
+    ref_loss, ref_weights, ref_val_loss = reference
     np.testing.assert_allclose(result.history["loss"], ref_loss, rtol=1e-4)
     for got, want in zip(result.weights, ref_weights, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4)
-    assert "val_loss" in result.history
+    np.testing.assert_allclose(result.history["val_loss"], ref_val_loss, rtol=1e-4)
     assert alive_actors() == []
 
 
@@ -68,7 +81,7 @@ def test_ray_data_and_files_train_like_the_function_path(
     result = fit(data, layout, feature_columns="x", label_columns="y")
     # Ray Data splits by blocks, not every n-th row: other batches, the same data and steps.
     assert result.global_step == EPOCHS * (workloads.EXAMPLES // BATCH)
-    ref_loss, _ = reference
+    ref_loss = reference[0]
     loss = result.history["loss"]
     assert loss[-1] < loss[0]
     np.testing.assert_allclose(loss, ref_loss, rtol=0.1)

@@ -384,7 +384,9 @@ def plateau_callbacks():
     ]
 
 
-def keras_fit_reference(epochs: int, batch: int, callbacks: str = "", **fit_kwargs):
+def keras_fit_reference(
+    epochs: int, batch: int, callbacks: str = "", validation_rows: int = 128, **fit_kwargs
+):
     """Keras's own fit of the MLP with ``callbacks`` (a factory's name here) and fit options:
     history, weights and each callback's stopped_epoch."""
     import keras
@@ -396,8 +398,8 @@ def keras_fit_reference(epochs: int, batch: int, callbacks: str = "", **fit_kwar
     cbs = factories[callbacks]() if callbacks else []
     ds = tf.data.Dataset.from_tensor_slices(arrays()).batch(batch, drop_remainder=True)
     val = None
-    if "validation_freq" in fit_kwargs:
-        val = tf.data.Dataset.from_tensor_slices(arrays(128, seed=1)).batch(batch)
+    if "validation_freq" in fit_kwargs or validation_rows != 128:
+        val = tf.data.Dataset.from_tensor_slices(arrays(validation_rows, seed=1)).batch(batch)
     history = model.fit(
         ds,
         epochs=epochs,

@@ -318,7 +318,11 @@ class Controller:
         run, job, epoch, steps = self.run_state, a.job, a.epoch, a.built.steps
         seconds = run.seconds.pop(epoch, 0.0)
         run.durations.append(seconds)
-        logs = schedule.mean_logs([r["logs"] for r in results], [r.get("steps") for r in results])
+        logs = schedule.mean_logs(
+            [r["logs"] for r in results],
+            [r.get("steps") for r in results],
+            [r.get("val_examples") for r in results],
+        )
         # Checkpoint first: a driver callback that fails or kills must not cost the epoch.
         end = a.backend.end_epoch(a.group, epoch, results, logs)
         logs, saved = dict(end.logs), end.checkpoint

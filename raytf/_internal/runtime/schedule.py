@@ -91,7 +91,9 @@ def agreed_step(steps_at: Sequence[int], where: str | None, who: str = "Workers"
 
 
 def mean_logs(
-    per_worker: Sequence[dict[str, float]], steps: Sequence[int | None] = ()
+    per_worker: Sequence[dict[str, float]],
+    steps: Sequence[int | None] = (),
+    val_examples: Sequence[float | None] = (),
 ) -> dict[str, float]:
     """The global value of each log.
 
@@ -99,15 +101,20 @@ def mean_logs(
     reports the global value and the mean changes nothing; it is kept for layouts whose
     workers report their own share. Workers that say how many steps they trained (parameter
     servers: asynchronous shares differ, a replacement may join late or do none) weigh their
-    training logs by them; validation logs cover the same data on each and weigh equally.
+    training logs by them, and their validation logs by the examples of their validation
+    shard (``val_examples``: shards differ by the remainder; equal weights otherwise).
     """
     plain = [1.0] * len(per_worker)
-    weights = plain
-    counts = [n for n in steps if n is not None]
-    if steps and len(counts) == len(steps) and sum(counts):
-        weights = [float(n) for n in counts]
+
+    def weighing(counts: Sequence[float | None]) -> list[float]:
+        known = [float(n) for n in counts if n is not None]
+        if counts and len(known) == len(counts) and sum(known):
+            return known
+        return plain
+
+    weights, val_weights = weighing(steps), weighing(val_examples)
     out = {}
     for k in per_worker[0]:
-        w = plain if k.startswith("val_") else weights
+        w = val_weights if k.startswith("val_") else weights
         out[k] = sum(x[k] * wi for x, wi in zip(per_worker, w)) / sum(w)
     return out

@@ -20,7 +20,7 @@ from raytf._internal.worker import steps as S
 from raytf._internal.worker.checkpoints import Checkpoints
 from raytf._internal.worker.devices import configure_devices, make_strategy
 from raytf._internal.worker.keras_callbacks import KerasHooks
-from raytf._internal.worker.model import ModelData
+from raytf._internal.worker.model import WHOLE, ModelData
 from raytf._internal.worker.preemption import Agreement
 from raytf.config import AUTO_STEPS_PER_EXECUTION
 from raytf.data import InputContext
@@ -63,10 +63,13 @@ class StrategyRunner:
         self.batch = md.ctx.worker_batch_size
         step = S.towers_step(md, devices) if towers else S.replica_step(md)
         self._train_n = S.loop_of(step)
-        self._eval_n = S.loop_of(S.eval_step(md, replicated=not towers))
+        evaluate = S.eval_step(md, replicated=not towers)
+        self._eval_n, self._eval_all = S.loop_of(evaluate), S.loop_all(evaluate)
         self._val = None
         if md.validation is not None:
-            self._val = self._distribute(md.validation.repeat().prefetch(tf.data.AUTOTUNE))
+            once = md.validation.prefetch(tf.data.AUTOTUNE)
+            self._val = self._distribute(once.repeat())
+            self._val_once = self._distribute(once)
         self.seek(0)
 
     def _distribute(self, dataset: tf.data.Dataset) -> Any:
@@ -95,7 +98,10 @@ class StrategyRunner:
         return done
 
     def evaluate(self, validation_steps: int) -> None:
-        self._eval_n(iter(self._val), tf.constant(validation_steps)).numpy()
+        if validation_steps == WHOLE:
+            self._eval_all(self._val_once).numpy()
+        else:
+            self._eval_n(iter(self._val), tf.constant(validation_steps)).numpy()
 
 
 class _Segment:

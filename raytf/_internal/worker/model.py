@@ -37,6 +37,10 @@ def describe_spec(spec: Any) -> str:
     return repr(tf.nest.map_structure(lambda s: (tuple(s.shape), s.dtype.name), spec))
 
 
+#: ``validation_steps`` meaning every validation example, the last partial batch too.
+WHOLE = -1
+
+
 def overrides(model: keras.Model, method: str) -> bool:
     """Whether the model's class defines its own ``method`` (train_step, test_step)."""
     return getattr(type(model), method) is not getattr(keras.Model, method)
@@ -185,6 +189,17 @@ class ModelData:
             )
         self._check_features(spec[0], what)
         unit = self.unit(ctx)
+        if what != "data" and self.job.validation_steps is None:
+            # Every example, the last partial batch too, as Keras's evaluate: validation
+            # metrics are then Keras's on the same data, whatever the layout.
+            whole = ds.batch(unit)
+            if int(whole.cardinality()) == tf.data.INFINITE_CARDINALITY:
+                raise ConfigError(
+                    f"The {what} dataset of worker {ctx.worker_index} repeats forever, so "
+                    "raytf cannot tell where a validation pass ends; pass validation_steps=N "
+                    "or drop the .repeat()."
+                )
+            return whole, WHOLE
         batched = ds.batch(unit, drop_remainder=True)
         if what == "data":
             batched = self.weighted(batched)

@@ -142,6 +142,19 @@ def loop_of(step: Callable[[Any], Any]) -> Callable[[Any, tf.Tensor], tf.Tensor]
     return run_n
 
 
+def loop_all(step: Callable[[Any], Any]) -> Callable[[Any], tf.Tensor]:
+    """``step`` on every batch of ``dataset`` (distributed or not) in one ``tf.function``:
+    under a strategy, replicas or workers left without data take empty batches."""
+
+    @tf.function
+    def run_all(dataset: Any) -> tf.Tensor:
+        for batch in dataset:
+            step(batch)
+        return tf.constant(0)
+
+    return run_all
+
+
 class StepClock:
     """When the first step finished, and the steady rate after it (tracing excluded)."""
 

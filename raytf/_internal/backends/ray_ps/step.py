@@ -17,7 +17,7 @@ import tensorflow as tf
 from raytf._internal.job import Job
 from raytf._internal.spec import StrategySpec
 from raytf._internal.worker import steps as S
-from raytf._internal.worker.model import ModelData
+from raytf._internal.worker.model import WHOLE, ModelData
 from raytf.data import InputContext
 
 
@@ -60,7 +60,8 @@ class GradientStep:
         )
         self.trainable, self.extras = shared_variables(self.md.model)
         self.shared = self.trainable + self.extras
-        self._eval_n = S.loop_of(S.eval_step(self.md, replicated=False))
+        evaluate = S.eval_step(self.md, replicated=False)
+        self._eval_n, self._eval_all = S.loop_of(evaluate), S.loop_all(evaluate)
         self._val = None
         if self.md.validation is not None:
             self._val = self.md.validation.repeat().prefetch(tf.data.AUTOTUNE)
@@ -140,5 +141,10 @@ class GradientStep:
         self._assign(flats)
 
     def evaluate(self, validation_steps: int) -> dict[str, float]:
-        self._eval_n(iter(self._val), tf.constant(validation_steps)).numpy()
+        if validation_steps == WHOLE:
+            self._eval_all(self.md.validation).numpy()
+        else:
+            self._eval_n(iter(self._val), tf.constant(validation_steps)).numpy()
+        # The examples this worker's shard held: the driver weighs the shards' logs by them.
+        self.val_examples = None if self.md.custom_test else float(self.md.loss.count.numpy())
         return self.md.read_metrics("val_")

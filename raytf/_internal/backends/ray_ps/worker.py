@@ -184,18 +184,20 @@ class PSWorker:
                 timing["steps"] += 1
             clock.record(1, t0)
         self._drain()
-        logs = None
+        logs, val_examples = None, None
         if stop >= steps:  # the epoch's end
             logs = md.read_metrics()
             if validation_steps and md.validation is not None:
                 self.step.assign(self._weights(self._pull(None))[0])
                 logs.update(self.step.evaluate(validation_steps))
+                val_examples = self.step.val_examples
         return {
             "logs": logs,
             "throughput": clock.throughput(md.ctx.worker_batch_size),
             "checkpoint": None,
             "global_step": max(self.versions),
             "steps": self.epoch_steps,  # this worker's share of the epoch (weighs its logs)
+            "val_examples": val_examples,  # its validation shard's size (weighs val_ logs)
         }
 
     # ------------------------------------------------------------ Keras callbacks

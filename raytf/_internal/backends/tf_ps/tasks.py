@@ -87,7 +87,8 @@ class ScheduledRunner:
         self.clock = S.StepClock()
         self.batch = md.ctx.worker_batch_size
         self._train_n = S.loop_of(S.replica_step(md))
-        self._eval_n = S.loop_of(S.eval_step(md, replicated=False))  # plain calls on the chief
+        evaluate = S.eval_step(md, replicated=False)  # plain calls on the chief
+        self._eval_n, self._eval_all = S.loop_of(evaluate), S.loop_all(evaluate)
         self._val = None
         if md.validation is not None:
             self._val = md.validation.repeat().prefetch(tf.data.AUTOTUNE)
@@ -151,7 +152,12 @@ class ScheduledRunner:
     def evaluate(self, validation_steps: int) -> None:
         import tensorflow as tf
 
-        self._eval_n(iter(self._val), tf.constant(validation_steps)).numpy()
+        from raytf._internal.worker.model import WHOLE
+
+        if validation_steps == WHOLE:
+            self._eval_all(self.md.validation).numpy()
+        else:
+            self._eval_n(iter(self._val), tf.constant(validation_steps)).numpy()
 
 
 class TFChief:
