@@ -1,7 +1,8 @@
 """Ingest: raytf's throughput per input kind on the MLP workload, all-reduce over 2 workers.
 
 The same 8192 examples (784 floats, an int label) reach the workers as a tf.data function,
-NumPy arrays, a Ray Dataset, and Parquet files read through Ray Data; the model, batch (256)
+NumPy arrays, a Ray Dataset (materialized: cached by each worker after its first epoch; or
+lazy: streamed again every epoch), and Parquet files read through Ray Data; the model, batch (256)
 and layout are the benchmark's. Each row is the median of ``--repeats`` runs of
 ``result.throughput`` (steady examples/s, tracing excluded), against the tf.data function.
 
@@ -27,7 +28,13 @@ from ray import cloudpickle
 
 cloudpickle.register_pickle_by_value(benchmark)  # actors cannot import experiments/
 
-KINDS = ("tf.data function", "NumPy arrays", "Ray Data", "Parquet files")
+KINDS = (
+    "tf.data function",
+    "NumPy arrays",
+    "Ray Data (materialized)",
+    "Ray Data (streaming)",
+    "Parquet files",
+)
 
 
 def function_data(ctx: Any) -> Any:
@@ -35,6 +42,10 @@ def function_data(ctx: Any) -> Any:
 
     x, y = benchmark.make_arrays("mlp")
     return ctx.shard(tf.data.Dataset.from_tensor_slices((x, y)))
+
+
+def _same(batch: Any) -> Any:
+    return batch
 
 
 def inputs(directory: str) -> dict[str, tuple[Any, dict[str, Any]]]:
@@ -47,7 +58,9 @@ def inputs(directory: str) -> dict[str, tuple[Any, dict[str, Any]]]:
     return {
         "tf.data function": (function_data, {}),
         "NumPy arrays": ((x, y), {}),
-        "Ray Data": (ds, columns),
+        "Ray Data (materialized)": (ds, columns),
+        # A lazy transform: executed again every epoch through the streaming split.
+        "Ray Data (streaming)": (ds.map_batches(_same), columns),
         "Parquet files": (f"{directory}/*.parquet", columns),
     }
 

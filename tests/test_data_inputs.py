@@ -68,16 +68,20 @@ def test_numpy_arrays_train_on_the_same_examples_as_the_function_path(local_ray,
 @pytest.mark.parametrize(
     "source, layout",
     [
-        ("ray-data", raytf.AllReduce(workers=2)),
-        ("ray-data", raytf.ParameterServer(workers=2, ps=1)),
+        ("streaming", raytf.AllReduce(workers=2)),
+        ("materialized", raytf.ParameterServer(workers=2, ps=1)),
         ("parquet", raytf.InGraph(devices=2)),
     ],
-    ids=["ray-data-all-reduce", "ray-data-ps", "parquet-in-graph"],
+    ids=["ray-data-streaming-all-reduce", "ray-data-materialized-ps", "parquet-in-graph"],
 )
 def test_ray_data_and_files_train_like_the_function_path(
     local_ray, reference, tmp_path, source, layout
 ):
-    data = workloads.ray_dataset() if source == "ray-data" else workloads.write_parquet(tmp_path)
+    if source == "parquet":
+        data = workloads.write_parquet(tmp_path)
+    else:  # a lazy transform streams through Ray Data again every epoch
+        data = workloads.ray_dataset()
+        data = data if source == "materialized" else data.map_batches(workloads.same)
     result = fit(data, layout, feature_columns="x", label_columns="y")
     # Ray Data splits by blocks, not every n-th row: other batches, the same data and steps.
     assert result.global_step == EPOCHS * (workloads.EXAMPLES // BATCH)

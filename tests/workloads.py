@@ -485,3 +485,8 @@ def keras_score_reference(model_path: str, x, y, batch: int):
     model = keras.models.load_model(model_path)
     metrics = model.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
     return {k: float(v) for k, v in metrics.items()}, model.predict(x, batch_size=batch, verbose=0)
+
+
+def same(batch):
+    """An identity map_batches: makes a Ray Dataset lazy (streamed again every epoch)."""
+    return batch

@@ -7,8 +7,10 @@ every kind of input alike, with the same batching and epoch rules.
   and y are arrays or dicts of arrays. The driver puts them in Ray's object store once (not
   once per actor); each worker reads its every ``num_workers``-th example, as
   ``InputContext.shard`` picks them, from a zero-copy view of the stored arrays;
-- a ``ray.data.Dataset``: split across the workers with Ray Data's streaming split (equal
-  shares) and fed to TensorFlow a batch at a time (no Python per example);
+- a ``ray.data.Dataset``: split across the workers in equal shares and fed to TensorFlow a
+  batch at a time (no Python per example). A materialized dataset (in the object store) is
+  split into fixed shards that each worker caches after its first epoch; any other streams
+  through Ray Data's streaming split, executed again every epoch (per-epoch shuffles stay);
   ``feature_columns``/``label_columns`` (a name: a tensor; a list: a dict) say which is which;
 - files: a path, a glob or a list of Parquet or TFRecord files, read through Ray Data.
 
@@ -27,7 +29,10 @@ from typing import Any
 from raytf.errors import ConfigError
 
 #: Rows a worker asks Ray Data for at a time: one Python call per this many examples.
-RAY_DATA_BATCH = 256
+RAY_DATA_BATCH = 1024
+#: Files whose size is under this share of the cluster's object store are read once and
+#: kept there (materialized), so epochs after the first read memory, not the files.
+MATERIALIZE_SHARE = 0.25
 FILE_KINDS = {".parquet": "parquet", ".tfrecord": "tfrecords", ".tfrecords": "tfrecords"}
 
 
@@ -100,7 +105,7 @@ def array_input(data: tuple, what: str) -> ArrayInput:
 @dataclasses.dataclass(frozen=True)
 class RayDataInput:
     """A Ray Dataset's columns as ``(features, labels[, weights])``; after :meth:`shipped`,
-    one streaming-split iterator per worker."""
+    one shard (materialized input) or streaming-split iterator per worker."""
 
     dataset: Any = dataclasses.field(default=None, repr=False)
     features: str | tuple[str, ...] = ()
@@ -112,12 +117,20 @@ class RayDataInput:
     iterators: tuple[Any, ...] = ()
     #: Equal shares (training: every worker steps alike) or every row (evaluation).
     equal: bool = True
+    streaming: bool = True
 
-    #: A worker replaced alone would wait at the split's epoch barrier for the others: a lost
-    #: worker restarts the whole group instead.
-    restartable_in_place = False
+    @property
+    def restartable_in_place(self) -> bool:
+        """A streaming reader replaced alone would wait at the split's epoch barrier for the
+        others: then a lost worker restarts the whole group instead."""
+        return not self.streaming
 
     def shipped(self, workers: int, equal: bool = True) -> RayDataInput:
+        if type(self.dataset).__name__ == "MaterializedDataset":
+            shards = self.dataset.split(workers, equal=equal)  # fixed blocks, no coordinator
+            return dataclasses.replace(
+                self, dataset=None, iterators=tuple(shards), equal=equal, streaming=False
+            )
         iterators = self.dataset.streaming_split(workers, equal=equal)
         return dataclasses.replace(self, dataset=None, iterators=tuple(iterators), equal=equal)
 
@@ -151,6 +164,8 @@ class RayDataInput:
                 yield tuple(self._structure(p, batch.__getitem__) for p in parts)
 
         ds = tf.data.Dataset.from_generator(batches, output_signature=signature).unbatch()
+        if not self.streaming:  # a fixed shard: from memory after the first epoch
+            ds = ds.cache()
         if not self.equal:
             return ds
         # Equal shares: every worker's epoch has this many rows, so epochs have known steps.
@@ -249,7 +264,17 @@ class FileInput:
         raise ConfigError("File input must be shipped (raytf.fit does it) before it is read.")
 
     def read(self) -> RayDataInput:
-        return ray_data_input(read_files(list(self.paths)), self.what, *self.columns)
+        """Read through Ray Data; files that fit easily in the object store are read once."""
+        import ray
+
+        dataset = read_files(list(self.paths))
+        local = [p for p in self.paths if "://" not in p]
+        store = ray.cluster_resources().get("object_store_memory", 0)
+        if len(local) == len(self.paths):
+            size = sum(os.path.getsize(p) for p in local)
+            if size < MATERIALIZE_SHARE * store:
+                dataset = dataset.materialize()
+        return ray_data_input(dataset, self.what, *self.columns)
 
 
 def read_files(paths: list[str]) -> Any:
