@@ -238,14 +238,14 @@ def check_elastic(policy: FailurePolicy, layout: Layout) -> None:
 
 def fit(
     model: Callable[[], Any],
-    data: Callable[[Any], Any],
+    data: Any,
     *,
     global_batch_size: int,
     epochs: int = 1,
     layout: str | Layout = "auto",
     replicas: int | None = None,
     use_gpu: bool | None = None,
-    validation_data: Callable[[Any], Any] | None = None,
+    validation_data: Any = None,
     steps_per_epoch: int | None = None,
     validation_steps: int | None = None,
     loss: Any = None,
@@ -270,6 +270,7 @@ def fit(
     class_weight: dict[int, float] | None = None,
     validation_freq: int = 1,
     initial_epoch: int = 0,
+    shuffle: bool = True,
 ) -> FitResult:
     """Train a Keras 3 model on Ray with the layout that suits the cluster.
 
@@ -277,8 +278,9 @@ def fit(
     worker's strategy scope. ``data`` (and ``validation_data``) is a function that takes an
     :class:`~raytf.InputContext` and returns this worker's unbatched ``tf.data.Dataset`` of
     ``(features, labels)``; or NumPy arrays ``(x, y[, sample_weight])`` as ``model.fit``
-    takes them; or a ``ray.data.Dataset`` or Parquet/TFRecord files, with
-    ``feature_columns=``/``label_columns=`` naming the columns. ``layout="auto"`` puts
+    takes them (``shuffle``, as in Keras, reshuffles each worker's rows every epoch); or a
+    ``ray.data.Dataset`` or Parquet/TFRecord files, with ``feature_columns=`` and
+    ``label_columns=`` naming the columns. ``layout="auto"`` puts
     the replicas in one graph when they fit on one node and uses all-reduce across nodes
     otherwise, or parameter servers when they pay (``stragglers=True``, ``preemptible=True``,
     spare CPU-only nodes); ``result.explanation`` says why. ``failures=FailurePolicy(...)``
@@ -312,6 +314,8 @@ def fit(
     keras_callbacks.check(keras_hooks)
     columns = (feature_columns, label_columns, sample_weight_column)
     data = inputs.as_data_fn(data, "data", *columns)
+    if isinstance(data, inputs.ArrayInput):  # Keras shuffles arrays every epoch by default
+        data = dataclasses.replace(data, shuffle=shuffle)
     validation_data = inputs.as_data_fn(validation_data, "validation_data", *columns)
     job = Job(
         model_fn=model,
@@ -350,8 +354,12 @@ def fit(
     check_batch_split(global_batch_size, chosen.layout.num_replicas)
     workers = chosen.layout.num_workers
     for name, what in (("data_fn", "data"), ("validation_fn", "validation_data")):
-        shipped = inputs.ship(getattr(job, name), workers)  # once, before any actor starts
-        inputs.check_for_layout(shipped, what, chosen.layout, global_batch_size)
+        inputs.check_for_layout(getattr(job, name), what, chosen.layout, failures)
+    for name, what in (("data_fn", "data"), ("validation_fn", "validation_data")):
+        # Once, before any actor starts: training in equal shares, validation every row.
+        shipped = inputs.ship(getattr(job, name), workers, equal=name == "data_fn")
+        if name == "data_fn":
+            inputs.check_rows(shipped, what, chosen.layout, global_batch_size)
         job = dataclasses.replace(job, **{name: shipped})
     runtime_env = renv.for_actors(runtime_env)  # local paths uploaded once, as ray.init would
     if (
@@ -369,12 +377,6 @@ def fit(
 
     if failures.elastic:
         check_elastic(failures, chosen.layout)
-        if isinstance(job.data_fn, inputs.RayDataInput):
-            raise ConfigError(
-                "An elastic FailurePolicy (min_workers=...) changes the worker count, which a "
-                "Ray Dataset split per worker cannot follow yet; pass a data function or "
-                "NumPy arrays, or drop min_workers."
-            )
 
     from raytf._internal.runtime.controller import Controller
 

@@ -41,10 +41,11 @@ def _model_bytes(model: Any) -> bytes:
 
 
 def _scorers(workers: int, runtime_env: dict[str, Any] | None) -> Any:
+    from raytf._internal.runtime import runtime_env as renv
     from raytf._internal.runtime.group import ActorGroup
     from raytf._internal.worker.scorer import Scorer
 
-    group = ActorGroup(None, [{"CPU": 1.0}] * workers, runtime_env)
+    group = ActorGroup(None, [{"CPU": 1.0}] * workers, renv.for_actors(runtime_env))
     for i in range(workers):
         group.spawn(f"scorer-{i}", "scorer", i, Scorer)
     return group
@@ -85,9 +86,11 @@ def evaluate(
     """The model's loss and metrics on ``data`` (arrays ``(x, y[, sample_weight])``, a data
     function, a Ray Dataset or files), computed by ``workers`` actors; as
     ``model.evaluate(..., return_dict=True)`` computes them on one process."""
+    from raytf._internal.runtime import runtime_env as renv
     from raytf.api import connect
 
     _check(batch_size, workers, timeout_s)
+    renv.check(runtime_env)
     columns = (feature_columns, label_columns, sample_weight_column)
     data_fn = inputs.as_data_fn(data, "data", *columns)
     if data_fn is None:
@@ -103,7 +106,9 @@ def evaluate(
         states = group.call(members, "evaluate", args, timeout_s=timeout_s, phase="epoch")
         if not any(states):
             raise ConfigError("evaluate got data with no rows.")
-        return group.call(members[:1], "merge", [(states,)], timeout_s=timeout_s, phase="final")[0]
+        # On a scorer that saw rows: its compiled metrics are built, as every state's are.
+        merger = [m for m, s in zip(members, states) if s][:1]
+        return group.call(merger, "merge", [(states,)], timeout_s=timeout_s, phase="final")[0]
     finally:
         group.shutdown()
 
@@ -150,9 +155,11 @@ def predict(
     """Predictions for ``x``: NumPy in (an array or a dict of arrays), NumPy out in the same
     row order; a Ray Dataset in, a Ray Dataset out with a ``predictions`` column (lazy:
     computed by an actor pool of ``workers`` as you consume it)."""
+    from raytf._internal.runtime import runtime_env as renv
     from raytf.api import connect
 
     _check(batch_size, workers, timeout_s)
+    renv.check(runtime_env)
     model_bytes = _model_bytes(model)
     if inputs._is_ray_dataset(x):
         if feature_columns is None:
@@ -162,13 +169,15 @@ def predict(
         inputs._columns(feature_columns, "feature_columns", x.columns() or [])
         import ray
 
+        connect(address)
         return x.map_batches(
             _Predictor,
             fn_constructor_args=(ray.put(model_bytes), feature_columns),
             batch_size=batch_size,
             batch_format="numpy",
-            concurrency=workers,
+            compute=ray.data.ActorPoolStrategy(size=workers),
             num_cpus=1,
+            runtime_env=renv.for_actors(runtime_env),
         )
     data_fn = inputs.features_input(x, "x")
     connect(address)

@@ -55,7 +55,7 @@ def test_numpy_arrays_train_on_the_same_examples_as_the_function_path(local_ray,
     validation set leaves partial batches (and shards of 67 and 66 rows): every example is
     evaluated, so val_loss is Keras's."""
     validation = workloads.arrays(VALIDATION_ROWS, seed=1)
-    result = fit(workloads.arrays(), layout, validation_data=validation)
+    result = fit(workloads.arrays(), layout, validation_data=validation, shuffle=False)
     ref_loss, ref_weights, ref_val_loss = reference
     np.testing.assert_allclose(result.history["loss"], ref_loss, rtol=1e-4)
     for got, want in zip(result.weights, ref_weights, strict=True):
@@ -102,6 +102,7 @@ def test_arrays_of_different_lengths_are_refused_before_ray_starts():
 
 def test_ray_data_and_file_mistakes_are_named(local_ray, tmp_path):
     ds = workloads.ray_dataset()
+    columns = {"feature_columns": "x", "label_columns": "y"}
     with pytest.raises(raytf.ConfigError, match=r"\['z'\].*has \['x', 'y'\]"):
         fit(ds, "all-reduce", feature_columns="z", label_columns="y")
     with pytest.raises(raytf.ConfigError, match="pass feature_columns= and label_columns="):
@@ -110,6 +111,11 @@ def test_ray_data_and_file_mistakes_are_named(local_ray, tmp_path):
         fit(workloads.ray_dataset(40), "all-reduce", feature_columns="x", label_columns="y")
     with pytest.raises(raytf.ConfigError, match="no readable file"):
         fit(str(tmp_path / "missing-*.parquet"), "all-reduce", feature_columns="x")
+    lazy = ds.map_batches(workloads.same)
+    with pytest.raises(raytf.ConfigError, match="Materialize it"):
+        fit(lazy, raytf.ParameterServer(workers=2, ps=1, staleness=None), **columns)
+    with pytest.raises(raytf.ConfigError, match="Materialize it"):
+        fit(lazy, "all-reduce", failures=raytf.FailurePolicy(max_failures=1), **columns)
     with pytest.raises(raytf.ConfigError, match="backend='tensorflow'"):
         fit(
             ds,

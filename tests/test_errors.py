@@ -84,7 +84,7 @@ def test_batch_that_does_not_split_fails_before_any_actor():
         ({"layout": "auto", "replicas": 0}, raytf.ConfigError, "replicas must be a positive"),
         ({"layout": "auto", "replicas": 8}, raytf.PlacementError, "can never be placed"),
         ({"layout": "auto", "use_gpu": True}, raytf.PlacementError, "no GPUs"),
-        ({"callbacks": [print]}, raytf.ConfigError, "callbacks must be raytf.Callback"),
+        ({"callbacks": [print]}, raytf.ConfigError, "Callback or raytf.Callback instances"),
         ({"runtime_env": "."}, raytf.ConfigError, r"runtime_env must be a dict .*working_dir"),
         ({"runtime_env": {"working_dir": "/no/such"}}, raytf.ConfigError, "does not exist"),
     ],

@@ -48,6 +48,14 @@ FIT_KEYS = frozenset(
         "stragglers",
         "preemptible",
         "runtime_env",
+        # Which columns of a Ray Dataset or files are which; Keras's fit options.
+        "feature_columns",
+        "label_columns",
+        "sample_weight_column",
+        "class_weight",
+        "validation_freq",
+        "initial_epoch",
+        "shuffle",
         *FAILURE_KEYS,
     }
 )

@@ -56,11 +56,13 @@ class ArrayInput:
     arrays: Any = dataclasses.field(default=None, repr=False)
     ref: Any = None
     rows: int = 0
+    #: Shuffle the worker's rows every epoch (Keras's fit(shuffle=True) for arrays).
+    shuffle: bool = False
 
     def shipped(self) -> ArrayInput:
         import ray
 
-        return ArrayInput(ref=ray.put(self.arrays), rows=self.rows)
+        return dataclasses.replace(self, arrays=None, ref=ray.put(self.arrays))
 
     def __call__(self, ctx: Any) -> Any:
         import ray
@@ -69,7 +71,11 @@ class ArrayInput:
         arrays = ray.get(self.ref) if self.ref is not None else self.arrays
         i, n = ctx.worker_index, ctx.num_workers
         part = tf.nest.map_structure(lambda a: a[i::n], arrays)  # InputContext.shard's pick
-        return tf.data.Dataset.from_tensor_slices(part)
+        ds = tf.data.Dataset.from_tensor_slices(part)
+        if self.shuffle and ctx.training:
+            rows = len(tf.nest.flatten(part)[0])
+            ds = ds.shuffle(rows, seed=ctx.seed, reshuffle_each_iteration=True)
+        return ds
 
 
 def array_input(data: tuple, what: str) -> ArrayInput:
@@ -263,17 +269,20 @@ class FileInput:
     def __call__(self, ctx: Any) -> Any:  # pragma: no cover - shipped before any actor
         raise ConfigError("File input must be shipped (raytf.fit does it) before it is read.")
 
-    def read(self) -> RayDataInput:
-        """Read through Ray Data; files that fit easily in the object store are read once."""
+    def materializes(self) -> bool:
+        """Local files that fit easily in the object store are read once and kept there."""
         import ray
 
-        dataset = read_files(list(self.paths))
-        local = [p for p in self.paths if "://" not in p]
+        if any("://" in p for p in self.paths):
+            return False
         store = ray.cluster_resources().get("object_store_memory", 0)
-        if len(local) == len(self.paths):
-            size = sum(os.path.getsize(p) for p in local)
-            if size < MATERIALIZE_SHARE * store:
-                dataset = dataset.materialize()
+        return sum(os.path.getsize(p) for p in self.paths) < MATERIALIZE_SHARE * store
+
+    def read(self) -> RayDataInput:
+        """Read through Ray Data (once, if :meth:`materializes`)."""
+        dataset = read_files(list(self.paths))
+        if self.materializes():
+            dataset = dataset.materialize()
         return ray_data_input(dataset, self.what, *self.columns)
 
 
@@ -343,21 +352,55 @@ def features_input(x: Any, what: str) -> ArrayInput:
     lengths = {name: len(value) for name, value in leaves}
     if len(set(lengths.values())) > 1:
         raise ConfigError(f"{what}: the arrays have different lengths {lengths}.")
-    return ArrayInput(arrays=(dict(x) if isinstance(x, dict) else x,), rows=len(leaves[0][1]))
+    rows = len(leaves[0][1])
+    if not rows:
+        raise ConfigError(f"{what} has no rows: nothing to predict.")
+    return ArrayInput(arrays=(dict(x) if isinstance(x, dict) else x,), rows=rows)
 
 
-def check_for_layout(fn: Any, what: str, layout: Any, global_batch_size: int) -> None:
-    """What a layout cannot read, and data too small for one global batch, refused before
-    any actor starts."""
-    tensorflow_ps = getattr(layout, "resolved_backend", None) == "tensorflow"
-    if isinstance(fn, (RayDataInput, FileInput)) and tensorflow_ps:
+def _lazy(fn: Any) -> bool:
+    """A Ray Dataset read through the streaming split (executed again every epoch)."""
+    if isinstance(fn, RayDataInput):
+        return fn.streaming and type(fn.dataset).__name__ != "MaterializedDataset"
+    return isinstance(fn, FileInput) and not fn.materializes()
+
+
+def check_for_layout(fn: Any, what: str, layout: Any, failures: Any) -> None:
+    """What a layout or failure policy cannot read, refused before anything is shipped."""
+    ray_data = isinstance(fn, (RayDataInput, FileInput))
+    if ray_data and getattr(layout, "resolved_backend", None) == "tensorflow":
         raise ConfigError(
             f"{what}: a Ray Dataset or files cannot feed ParameterServer(backend="
             "'tensorflow'): TensorFlow sends the input pipeline to its workers as a graph. "
             "Use backend='ray', or pass a data function."
         )
+    if ray_data and failures.elastic:
+        raise ConfigError(
+            f"{what}: an elastic FailurePolicy (min_workers=...) changes the worker count, "
+            "which a Ray Dataset split per worker cannot follow yet; pass a data function or "
+            "NumPy arrays, or drop min_workers."
+        )
+    if not _lazy(fn):
+        return
+    if getattr(layout, "staleness", 0) != 0:
+        raise ConfigError(
+            f"{what}: a lazy Ray Dataset (streamed again every epoch) cannot feed "
+            "asynchronous or bounded-staleness parameter servers: a faster worker would "
+            "wait at Ray Data's epoch barrier for the others. Materialize it "
+            "(ds.materialize()) or use staleness=0."
+        )
+    if failures.max_failures:
+        raise ConfigError(
+            f"{what}: a lazy Ray Dataset (streamed again every epoch) cannot be read again "
+            "by restarted workers yet. Materialize it (ds.materialize()) to recover from "
+            "failures, or drop failures=."
+        )
+
+
+def check_rows(fn: Any, what: str, layout: Any, global_batch_size: int) -> None:
+    """Training data too small for one global batch, refused before any actor starts."""
     rows = getattr(fn, "rows", None)
-    if what == "data" and isinstance(fn, (ArrayInput, RayDataInput)) and rows is not None:
+    if isinstance(fn, (ArrayInput, RayDataInput)) and rows is not None:
         usable = rows // layout.num_workers * layout.num_workers
         if usable < global_batch_size:
             raise ConfigError(

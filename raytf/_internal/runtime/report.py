@@ -87,7 +87,8 @@ def announce(run: RunState, controller: Controller, built: Built, job: Job) -> N
         job.epochs,
         built.start_epoch,
         built.steps,
-        built.validation_steps,
+        # WHOLE (-1): every example; RunInfo says None (no fixed count).
+        built.validation_steps if (built.validation_steps or 0) > 0 else None,
         job.global_batch_size,
         tuple(row(WorkerRow, w) for w in run.workers),
         built.restored,

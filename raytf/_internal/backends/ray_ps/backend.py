@@ -122,7 +122,8 @@ class RayParameterServerBackend(Backend):
         t = self.timeouts
         i = group.of("worker").index(member)
         servers = group.of("ps")
-        if not getattr(self.job.data_fn, "restartable_in_place", True):
+        inputs = (self.job.data_fn, self.job.validation_fn)
+        if not all(getattr(fn, "restartable_in_place", True) for fn in inputs):
             raise error  # its input cannot be rejoined alone: the group restarts instead
         with self.hooks.replacing(error):
             # Refuse the dead process's pushes still in flight and drop its gradient from an
