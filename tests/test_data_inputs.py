@@ -1,6 +1,6 @@
-"""Data as users have it: NumPy arrays, Ray Data, Parquet files; each checked, each trained on
-with real Ray Data and TensorFlow and compared with the tf.data function path (Keras's fit on
-the same examples)."""
+"""Data as users have it: Ray Data and Parquet files (NumPy arrays: test_layouts.py), each
+checked, each trained on with real Ray Data and TensorFlow and compared with the tf.data
+function path; evaluate and predict against Keras's own."""
 
 from __future__ import annotations
 
@@ -16,16 +16,11 @@ pytestmark = [pytest.mark.ray]
 EPOCHS, BATCH = 2, 64
 
 
-#: Validation rows that leave partial batches in every layout (and uneven worker shards).
-VALIDATION_ROWS = 133
-
-
 @pytest.fixture(scope="module")
 def reference(local_ray):
-    """Keras's fit, validating on every one of VALIDATION_ROWS examples."""
-    task = local_ray.remote(max_calls=1)(workloads.keras_fit_reference)
-    history, weights = local_ray.get(task.remote(EPOCHS, BATCH, validation_rows=VALIDATION_ROWS))
-    return history["loss"], weights, history["val_loss"]
+    """Keras's fit on the same data (NumPy arrays against Keras itself: test_layouts.py)."""
+    task = local_ray.remote(workloads.call)
+    return local_ray.get(task.remote(workloads.keras_reference, EPOCHS, BATCH))
 
 
 def fit(data, layout, **kwargs):
@@ -38,30 +33,6 @@ def fit(data, layout, **kwargs):
         verbose=False,
         **kwargs,
     )
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "layout",
-    [
-        raytf.InGraph(devices=2, strategy="mirrored"),
-        raytf.AllReduce(workers=2),
-        raytf.ParameterServer(workers=2, ps=1),
-    ],
-    ids=["mirrored", "all-reduce", "ps"],
-)
-def test_numpy_arrays_train_on_the_same_examples_as_the_function_path(local_ray, reference, layout):
-    """Arrays are sharded as InputContext.shard shards: the same steps as Keras's fit. The
-    validation set leaves partial batches (and shards of 67 and 66 rows): every example is
-    evaluated, so val_loss is Keras's."""
-    validation = workloads.arrays(VALIDATION_ROWS, seed=1)
-    result = fit(workloads.arrays(), layout, validation_data=validation, shuffle=False)
-    ref_loss, ref_weights, ref_val_loss = reference
-    np.testing.assert_allclose(result.history["loss"], ref_loss, rtol=1e-4)
-    for got, want in zip(result.weights, ref_weights, strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-4)
-    np.testing.assert_allclose(result.history["val_loss"], ref_val_loss, rtol=1e-4)
-    assert alive_actors() == []
 
 
 @pytest.mark.slow
@@ -128,31 +99,28 @@ def test_ray_data_and_file_mistakes_are_named(local_ray, tmp_path):
 
 @pytest.mark.slow
 def test_evaluate_and_predict_equal_keras_on_one_process(local_ray, tmp_path):
-    trained = raytf.fit(
-        workloads.mlp,
-        workloads.data,
-        global_batch_size=BATCH,
-        layout="in-graph",
-        checkpoint_dir=str(tmp_path),
-        verbose=False,
+    keras_task = local_ray.remote(workloads.call)
+    path = local_ray.get(
+        keras_task.remote(workloads.keras_trained_model, str(tmp_path / "model.keras"))
     )
     # 133 rows: a partial last batch of 32 on each of 2 workers, which Keras evaluates too.
     x, y = workloads.arrays(133, seed=2)
-    task = local_ray.remote(max_calls=1)(workloads.keras_score_reference)
-    ref_metrics, ref_predictions = local_ray.get(task.remote(trained.model_path, x, y, 32))
+    ref_metrics, ref_predictions = local_ray.get(
+        keras_task.remote(workloads.keras_score_reference, path, x, y, 32)
+    )
 
-    metrics = raytf.evaluate(trained, (x, y))
+    metrics = raytf.evaluate(path, (x, y))
     assert metrics.keys() == ref_metrics.keys() == {"loss", "accuracy"}
     for key in metrics:
         assert metrics[key] == pytest.approx(ref_metrics[key], rel=1e-5)
-    predictions = raytf.predict(trained.model_path, x)
+    predictions = raytf.predict(path, x)
     np.testing.assert_allclose(predictions, ref_predictions, atol=1e-5)
 
     # A Ray Dataset: every row evaluated, and a predictions column for every row.
     ds = workloads.ray_dataset(133, seed=2)
-    metrics = raytf.evaluate(trained, ds, feature_columns="x", label_columns="y")
+    metrics = raytf.evaluate(path, ds, feature_columns="x", label_columns="y")
     assert metrics["loss"] == pytest.approx(ref_metrics["loss"], rel=1e-5)
-    rows = raytf.predict(trained, ds, feature_columns="x").take_all()
+    rows = raytf.predict(path, ds, feature_columns="x").take_all()
     assert len(rows) == 133
     index = {row.tobytes(): i for i, row in enumerate(x)}
     for row in rows:

@@ -26,22 +26,41 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def reference(local_ray):
-    task = local_ray.remote(max_calls=1)(workloads.keras_reference)
-    return local_ray.get(task.remote(EPOCHS, BATCH, workloads.LEFTOVER_EXAMPLES))
+    """Keras's fit on the same batches, validating on every one of 133 examples."""
+    task = local_ray.remote(max_calls=1)(workloads.call)
+    history, weights = local_ray.get(
+        task.remote(
+            workloads.keras_fit_reference,
+            EPOCHS,
+            BATCH,
+            validation_rows=workloads.VALIDATION_ROWS,
+            n=workloads.LEFTOVER_EXAMPLES,
+        )
+    )
+    return history["loss"], weights, history["val_loss"]
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_trains_and_matches_single_process(local_ray, reference, name):
     """426 examples at batch 64 leave a remainder in every layout's batching (mirrored: 13
     per-replica batches for 6 two-replica steps). Every epoch must drop it, as Keras's fit
-    with drop_remainder does, or epochs after the first see other examples than Keras's."""
+    with drop_remainder does, or epochs after the first see other examples than Keras's.
+    Validation covers 133 examples: partial batches and uneven worker shards, all evaluated,
+    so val_loss is Keras's. Towers reads data functions; the others NumPy arrays (the same
+    rows: arrays are sharded as InputContext.shard shards)."""
+    if name == "towers":
+        data, validation = workloads.data_with_leftover, workloads.partial_validation
+    else:
+        data = workloads.arrays(workloads.LEFTOVER_EXAMPLES)
+        validation = workloads.arrays(workloads.VALIDATION_ROWS, seed=1)
     result = raytf.fit(
         workloads.mlp,
-        workloads.data_with_leftover,
+        data,
         global_batch_size=BATCH,
         epochs=EPOCHS,
         layout=LAYOUTS[name],
-        validation_data=workloads.validation,
+        validation_data=validation,
+        shuffle=False,
         verbose=False,
     )
     loss = result.history["loss"]
@@ -54,8 +73,9 @@ def test_layout_trains_and_matches_single_process(local_ray, reference, name):
         "examples_per_second",
     }
     # Same examples per step as Keras's fit, so the same trajectory up to float rounding.
-    ref_loss, ref_weights = reference
+    ref_loss, ref_weights, ref_val_loss = reference
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-4)
+    np.testing.assert_allclose(result.history["val_loss"], ref_val_loss, rtol=1e-4)
     for got, want in zip(result.weights, ref_weights, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4)
     assert result.global_step == EPOCHS * (workloads.LEFTOVER_EXAMPLES // BATCH)

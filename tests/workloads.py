@@ -5,6 +5,11 @@ from __future__ import annotations
 FEATURES, CLASSES, EXAMPLES = 12, 3, 512
 
 
+def call(fn, *args, **kwargs):
+    """A reference run in a reusable Ray worker: ``fn`` seeds and builds everything itself."""
+    return fn(*args, **kwargs)
+
+
 def arrays(n: int = EXAMPLES, seed: int = 0):
     import numpy as np
 
@@ -46,6 +51,16 @@ def data_with_leftover(ctx):
     import tensorflow as tf
 
     return ctx.shard(tf.data.Dataset.from_tensor_slices(arrays(LEFTOVER_EXAMPLES)))
+
+
+#: Validation rows that leave partial batches in every layout (and worker shards of 67, 66).
+VALIDATION_ROWS = 133
+
+
+def partial_validation(ctx):
+    import tensorflow as tf
+
+    return ctx.shard(tf.data.Dataset.from_tensor_slices(arrays(VALIDATION_ROWS, seed=1)))
 
 
 def validation(ctx):
@@ -374,18 +389,30 @@ def scheduler_callbacks():
     ]
 
 
-def plateau_callbacks():
-    """The rate halved after every epoch from the second, and a stop after the third."""
+def decay(epoch, lr):
+    return lr * 0.9
+
+
+def rate_callbacks():
+    """Both ways a rate changes: a scheduler at each epoch's start (from the current rate)
+    and ReduceLROnPlateau at its end (halving from the second epoch); a stop after the
+    third epoch."""
     import keras
 
     return [
+        keras.callbacks.LearningRateScheduler(decay),
         keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=10.0),
         keras.callbacks.EarlyStopping(monitor="loss", min_delta=10.0, patience=2),
     ]
 
 
 def keras_fit_reference(
-    epochs: int, batch: int, callbacks: str = "", validation_rows: int = 128, **fit_kwargs
+    epochs: int,
+    batch: int,
+    callbacks: str = "",
+    validation_rows: int = 128,
+    n: int = EXAMPLES,
+    **fit_kwargs,
 ):
     """Keras's own fit of the MLP with ``callbacks`` (a factory's name here) and fit options:
     history, weights and each callback's stopped_epoch."""
@@ -394,9 +421,12 @@ def keras_fit_reference(
 
     keras.utils.set_random_seed(0)
     model = mlp()
-    factories = {"scheduler_callbacks": scheduler_callbacks, "plateau_callbacks": plateau_callbacks}
+    factories = {
+        "scheduler_callbacks": scheduler_callbacks,
+        "rate_callbacks": rate_callbacks,
+    }
     cbs = factories[callbacks]() if callbacks else []
-    ds = tf.data.Dataset.from_tensor_slices(arrays()).batch(batch, drop_remainder=True)
+    ds = tf.data.Dataset.from_tensor_slices(arrays(n)).batch(batch, drop_remainder=True)
     val = None
     if "validation_freq" in fit_kwargs or validation_rows != 128:
         val = tf.data.Dataset.from_tensor_slices(arrays(validation_rows, seed=1)).batch(batch)
@@ -476,6 +506,18 @@ def write_parquet(directory: str, files: int = 4) -> str:
     """ray_dataset() as ``files`` Parquet files (x a tensor column); their glob."""
     ray_dataset().repartition(files).write_parquet(directory)
     return f"{directory}/*.parquet"
+
+
+def keras_trained_model(path: str) -> str:
+    """A model trained one epoch by Keras's own fit, saved as ``path`` (a .keras file)."""
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = mlp()
+    model.fit(tf.data.Dataset.from_tensor_slices(arrays()).batch(64), epochs=1, verbose=0)
+    model.save(path)
+    return path
 
 
 def keras_score_reference(model_path: str, x, y, batch: int):
