@@ -42,14 +42,23 @@ def fit(data, layout, **kwargs):
         ("streaming", raytf.AllReduce(workers=2)),
         ("materialized", raytf.ParameterServer(workers=2, ps=1)),
         ("parquet", raytf.InGraph(devices=2)),
+        ("tfrecords", raytf.InGraph(devices=2)),
     ],
-    ids=["ray-data-streaming-all-reduce", "ray-data-materialized-ps", "parquet-in-graph"],
+    ids=[
+        "ray-data-streaming-all-reduce",
+        "ray-data-materialized-ps",
+        "parquet-in-graph",
+        "tfrecords-in-graph",
+    ],
 )
 def test_ray_data_and_files_train_like_the_function_path(
     local_ray, reference, tmp_path, source, layout
 ):
     if source == "parquet":
         data = workloads.write_parquet(tmp_path)
+    elif source == "tfrecords":  # x comes back as a float_list: a list column
+        task = local_ray.remote(workloads.call)  # TensorFlow writes them, in a worker
+        data = local_ray.get(task.remote(workloads.write_tfrecords, str(tmp_path)))
     else:  # a lazy transform streams through Ray Data again every epoch
         data = workloads.ray_dataset()
         data = data if source == "materialized" else data.map_batches(workloads.same)

@@ -532,3 +532,22 @@ def keras_score_reference(model_path: str, x, y, batch: int):
 def same(batch):
     """An identity map_batches: makes a Ray Dataset lazy (streamed again every epoch)."""
     return batch
+
+
+def write_tfrecords(directory: str, files: int = 2) -> str:
+    """arrays() as ``files`` TFRecord files of tf.train.Example (x a float_list feature of 12,
+    y an int64), written by TensorFlow as users write them; their glob."""
+    import numpy as np
+    import tensorflow as tf
+
+    x, y = arrays()
+    for i, (xs, ys) in enumerate(zip(np.array_split(x, files), np.array_split(y, files))):
+        with tf.io.TFRecordWriter(f"{directory}/part-{i}.tfrecords") as writer:
+            for xi, yi in zip(xs, ys):
+                features = {
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=xi)),
+                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(yi)])),
+                }
+                example = tf.train.Example(features=tf.train.Features(feature=features))
+                writer.write(example.SerializeToString())
+    return f"{directory}/*.tfrecords"

@@ -163,11 +163,19 @@ class RayDataInput:
         parts = [self.features, self.labels] + ([self.weights] if self.weights else [])
         signature = tuple(self._structure(p, spec) for p in parts)
 
+        def column(batch: dict[str, Any], name: str) -> Any:
+            values = batch[name]
+            if values.dtype == object:  # list columns (TFRecord float_list): one array
+                import numpy as np
+
+                return np.stack(list(values))
+            return values
+
         def batches() -> Any:
             for batch in iterator.iter_batches(
                 batch_size=RAY_DATA_BATCH, batch_format="numpy", prefetch_batches=2
             ):
-                yield tuple(self._structure(p, batch.__getitem__) for p in parts)
+                yield tuple(self._structure(p, lambda c, b=batch: column(b, c)) for p in parts)
 
         ds = tf.data.Dataset.from_generator(batches, output_signature=signature).unbatch()
         if not self.streaming:  # a fixed shard: from memory after the first epoch
