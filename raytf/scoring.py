@@ -15,6 +15,8 @@ from typing import Any
 
 from raytf._internal import inputs
 from raytf._internal.checks import positive_int, positive_number
+from raytf._internal.ray_data_input import _columns as columns
+from raytf._internal.ray_data_input import _is_ray_dataset as is_ray_dataset
 from raytf.data import InputContext
 from raytf.errors import ConfigError, RaytfError
 
@@ -51,8 +53,13 @@ def _scorers(workers: int, runtime_env: dict[str, Any] | None) -> Any:
     return group
 
 
-def _contexts(workers: int, batch_size: int) -> list[InputContext]:
-    return [
+def _over_shards(
+    group: Any, method: str, model_bytes: bytes, data_fn: Any, batch_size: int, timeout_s: float
+) -> list[Any]:
+    """Every scorer loads the model, then runs ``method`` over its shard of ``data_fn``."""
+    members, workers = group.members, len(group.members)
+    group.call(members, "load", [(model_bytes,)] * workers, timeout_s=timeout_s, phase="start")
+    contexts = [
         InputContext(
             worker_index=i,
             num_workers=workers,
@@ -62,6 +69,8 @@ def _contexts(workers: int, batch_size: int) -> list[InputContext]:
         )
         for i in range(workers)
     ]
+    args = [(data_fn, ctx, batch_size) for ctx in contexts]
+    return group.call(members, method, args, timeout_s=timeout_s, phase="epoch")
 
 
 def _check(batch_size: int, workers: int, timeout_s: float) -> None:
@@ -101,9 +110,7 @@ def evaluate(
     group = _scorers(workers, runtime_env)
     try:
         members = group.members
-        group.call(members, "load", [(model_bytes,)] * workers, timeout_s=timeout_s, phase="start")
-        args = [(data_fn, ctx, batch_size) for ctx in _contexts(workers, batch_size)]
-        states = group.call(members, "evaluate", args, timeout_s=timeout_s, phase="epoch")
+        states = _over_shards(group, "evaluate", model_bytes, data_fn, batch_size, timeout_s)
         if not any(states):
             raise ConfigError("evaluate got data with no rows.")
         # On a scorer that saw rows: its compiled metrics are built, as every state's are.
@@ -161,12 +168,12 @@ def predict(
     _check(batch_size, workers, timeout_s)
     renv.check(runtime_env)
     model_bytes = _model_bytes(model)
-    if inputs._is_ray_dataset(x):
+    if is_ray_dataset(x):
         if feature_columns is None:
             raise ConfigError(
                 f"predict on a Ray Dataset needs feature_columns= (its columns: {x.columns()})."
             )
-        inputs._columns(feature_columns, "feature_columns", x.columns() or [])
+        columns(feature_columns, "feature_columns", x.columns() or [])
         import ray
 
         connect(address)
@@ -184,10 +191,7 @@ def predict(
     data_fn = inputs.ship(data_fn, workers)
     group = _scorers(workers, runtime_env)
     try:
-        members = group.members
-        group.call(members, "load", [(model_bytes,)] * workers, timeout_s=timeout_s, phase="start")
-        args = [(data_fn, ctx, batch_size) for ctx in _contexts(workers, batch_size)]
-        parts = group.call(members, "predict", args, timeout_s=timeout_s, phase="epoch")
+        parts = _over_shards(group, "predict", model_bytes, data_fn, batch_size, timeout_s)
     finally:
         group.shutdown()
     return _interleave(parts, data_fn.rows)
