@@ -4,7 +4,7 @@
 >>> print(result.layout, result.explanation, result.history, result.throughput)
 """
 
-from raytf.api import Plan, fit, plan, trial_resources
+from raytf.api import Plan, fit, keep_warm, plan, trial_resources
 from raytf.callbacks import Callback, ProgressLogger, RunInfo
 from raytf.config import FailurePolicy, Timeouts
 from raytf.data import InputContext
@@ -50,6 +50,7 @@ __all__ = [
     "WorkerRow",
     "evaluate",
     "fit",
+    "keep_warm",
     "layout_names",
     "plan",
     "predict",

@@ -197,7 +197,12 @@ def trial_resources(
     A ``tune.PlacementGroupFactory`` with an empty bundle for the trial itself and one bundle
     per actor of the layout :func:`plan` picks; raytf's actors then take their own bundles.
     Pass a function of the trial's config to ``tune.with_resources`` when trials differ.
+    Actors this driver keeps warm (:func:`keep_warm`) are released here: the trials are
+    about to need their resources.
     """
+    from raytf._internal.runtime.pool import POOL
+
+    POOL.clear()
     chosen = plan(
         layout,
         replicas=replicas,
@@ -208,6 +213,27 @@ def trial_resources(
         preemptible=preemptible,
     )
     return placement_factory(chosen)
+
+
+def keep_warm(idle_s: float) -> None:
+    """How long a finished run's actors stay warm for the next run on the same resources.
+
+    When a run ends well, raytf starts fresh actors (TensorFlow imported, nothing else) on
+    the resources it held and keeps them ``idle_s`` seconds: the next :func:`fit` with the
+    same layout starts training without reserving or importing again. No process serves two
+    runs. Default 60 s (or the ``RAYTF_KEEP_WARM_S`` environment variable); ``0`` turns it
+    off and releases what is kept now.
+    """
+    from raytf._internal.runtime.pool import POOL
+
+    if isinstance(idle_s, bool) or not isinstance(idle_s, (int, float)) or not idle_s >= 0:
+        raise ConfigError(
+            f"keep_warm takes seconds >= 0, received {idle_s!r}; e.g. raytf.keep_warm(60), "
+            "or raytf.keep_warm(0) to turn warm actors off."
+        )
+    POOL.idle_s = float(idle_s)
+    if idle_s == 0:
+        POOL.clear()
 
 
 def placement_factory(chosen: Plan) -> Any:
@@ -254,6 +280,7 @@ def fit(
     checkpoint_dir: str | None = None,
     checkpoint_every: int = 1,
     resume: bool = False,
+    keep_checkpoints: int = 3,
     callbacks: Sequence[Any] = (),
     verbose: bool = True,
     seed: int | None = 0,
@@ -333,6 +360,7 @@ def fit(
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
         resume=resume,
+        keep_checkpoints=keep_checkpoints,
         keras_callbacks=tuple(keras_hooks),
         class_weight=class_weight,
         validation_freq=validation_freq,
@@ -378,17 +406,43 @@ def fit(
     if failures.elastic:
         check_elastic(failures, chosen.layout)
 
+    from raytf._internal import tune_trial
     from raytf._internal.runtime.controller import Controller
 
+    trial = None
+    if tune_trial.in_trial():  # report epochs to Tune, checkpoint for it, resume from it
+        trial = tune_trial.setup(
+            checkpoint_dir, resume, keep_checkpoints, shared=len(chosen.cluster.nodes) > 1
+        )
+        job = dataclasses.replace(
+            job,
+            checkpoint_dir=trial.checkpoint_dir,
+            resume=trial.resume,
+            keep_checkpoints=trial.keep,
+            finished_ok=trial.restored_from_tune,
+        )
+        reporters = [cb for cb in driver_hooks if isinstance(cb, tune_trial.TuneReporter)]
+        if not reporters:
+            reporters = [tune_trial.TuneReporter()]
+            driver_hooks.append(reporters[0])
+        for reporter in reporters:
+            reporter.directory = trial.checkpoint_dir
     hooks = [ProgressLogger(), *driver_hooks] if verbose else driver_hooks
-    return Controller(
-        chosen.layout,
-        job,
-        timeouts,
-        chosen.explanation,
-        hooks,
-        failures=failures,
-        model_dir=checkpoint_dir,
-        started=started,
-        runtime_env=runtime_env,
-    ).run()
+    try:
+        result = Controller(
+            chosen.layout,
+            job,
+            timeouts,
+            chosen.explanation,
+            hooks,
+            failures=failures,
+            model_dir=checkpoint_dir,
+            started=started,
+            runtime_env=runtime_env,
+        ).run()
+    finally:
+        if trial is not None:
+            trial.cleanup()
+    if trial is not None and trial.temporary and result.checkpoint:
+        result = dataclasses.replace(result, checkpoint=None)  # removed with the trial's scratch
+    return result

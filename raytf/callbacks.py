@@ -42,7 +42,8 @@ class Callback:
         pass
 
     def on_checkpoint(self, epoch: int, path: str) -> None:
-        pass
+        """Epoch ``epoch`` ended with a checkpoint at ``path``; called just before that
+        epoch's ``on_epoch_end``, so both can be reported together (Tune does)."""
 
     def on_failure(self, record: FailureRecord) -> None:
         """An actor died or was preempted and the failure policy allows a recovery."""
@@ -69,6 +70,7 @@ class ProgressLogger(Callback):
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stdout
         self._last = time.perf_counter()
+        self._checkpoint: str | None = None
 
     def _print(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
@@ -102,9 +104,12 @@ class ProgressLogger(Callback):
             + f"{tail}  {now - self._last:.1f}s"
         )
         self._last = now
+        if self._checkpoint:
+            self._print(f"raytf: checkpoint {self._checkpoint}")
+            self._checkpoint = None
 
     def on_checkpoint(self, epoch: int, path: str) -> None:
-        self._print(f"raytf: checkpoint {path}")
+        self._checkpoint = path  # printed after the epoch's line
 
     def on_failure(self, record: FailureRecord) -> None:
         first, stop = record.segment

@@ -181,10 +181,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar=("METRIC", "VALUE"),
         help="for time_to_target_s, e.g. --target val_accuracy 0.95",
     )
-    swp.add_argument("--scheduler", choices=["asha"], help="stop hopeless trials early")
+    swp.add_argument(
+        "--scheduler",
+        choices=["asha", "pbt"],
+        help="asha: stop hopeless trials early; pbt: Population Based Training",
+    )
+    swp.add_argument(
+        "--search-alg",
+        choices=["optuna", "hyperopt", "bayesopt"],
+        help="sample the space with this library (installed); set --num-samples",
+    )
     swp.add_argument("--num-samples", type=int, default=1)
     swp.add_argument("--storage", help="results directory (default ./raytf-sweeps)")
     swp.add_argument("--name", help="sweep name (default sweep-<time>)")
+    swp.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with an interrupted sweep (--name, or the newest in --storage)",
+    )
     swp.add_argument("--epochs", type=int)
     swp.add_argument("--address", help=ADDRESS_HELP)
     swp.add_argument("--quiet", action="store_true", help="no live Tune progress")
@@ -254,6 +268,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     experiment = load_experiment(args.experiment).with_overrides(_overrides(args))
     raytf.api.connect(args.address)
     kwargs = fit_kwargs(experiment, raytf.api.current_cluster())
+    raytf.keep_warm(0)  # one run, then this process ends: warm actors would be waste
     result = raytf.fit(verbose=not args.quiet, **kwargs)
     first = result.time_to_first_step_s
     print(
@@ -313,9 +328,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         target=target,
         validation_data=experiment.validation_data,
         scheduler=args.scheduler,
+        search_alg=args.search_alg,
         num_samples=args.num_samples,
         storage_path=args.storage,
         name=args.name,
+        resume=args.resume,
         experiment_file=experiment.module_path,
         address=args.address,
         verbose=not args.quiet,

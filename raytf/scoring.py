@@ -45,8 +45,10 @@ def _model_bytes(model: Any) -> bytes:
 def _scorers(workers: int, runtime_env: dict[str, Any] | None) -> Any:
     from raytf._internal.runtime import runtime_env as renv
     from raytf._internal.runtime.group import ActorGroup
+    from raytf._internal.runtime.pool import POOL
     from raytf._internal.worker.scorer import Scorer
 
+    POOL.make_room(cpus=float(workers))  # warm actors must not keep the scorers waiting
     group = ActorGroup(None, [{"CPU": 1.0}] * workers, renv.for_actors(runtime_env))
     for i in range(workers):
         group.spawn(f"scorer-{i}", "scorer", i, Scorer)

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytf._internal.checks import positive_int
+from raytf._internal.runtime.pool import DEFAULT_IDLE_S, POOL
 from raytf._internal.sweep_report import NEVER, merge_config
-from raytf.callbacks import Callback, RunInfo
+from raytf._internal.tune_trial import TuneReporter
+from raytf.callbacks import RunInfo
 from raytf.errors import ConfigError, PlacementError
 
 #: Objectives that are not per-epoch metrics.
@@ -34,10 +36,12 @@ class _Spec:
     target: tuple[str, float] | None
 
 
-class _TuneReport(Callback):
-    """Streams each epoch's logs to Tune, with training time and time to the target."""
+class _TuneReport(TuneReporter):
+    """raytf.fit's Tune reports, plus training time, time to the target and what the trial
+    reserved."""
 
     def __init__(self, target: tuple[str, float] | None) -> None:
+        super().__init__()
         self.target = target
         self.created = time.time()
         self.started = self.created
@@ -58,24 +62,16 @@ class _TuneReport(Callback):
             "reserved_gpus": sum(b.get("GPU", 0) for b in bundles),
         }
 
-    def on_epoch_end(self, epoch: int, logs: dict[str, float]) -> None:
-        from ray import tune
-
+    def extra(self, epoch: int, logs: dict[str, float]) -> dict[str, Any]:
         train_s = time.time() - self.started
         if self.target and self.reached is None:
             key, value = self.target
             if key in logs and _better_or_equal(logs[key], value, infer_mode(key) or "max"):
                 self.reached = train_s
-        report = {
-            **logs,
-            **self.resources,
-            "epoch": epoch + 1,
-            "train_s": train_s,
-            "startup_s": self.started - self.created,
-        }
+        report = {**self.resources, "train_s": train_s, "startup_s": self.started - self.created}
         if self.target:
             report[TIME_TO_TARGET] = self.reached if self.reached is not None else NEVER
-        tune.report(report)
+        return report
 
 
 def _better_or_equal(got: float, want: float, mode: str) -> bool:
@@ -104,6 +100,8 @@ def _trial(config: dict[str, Any], spec: _Spec) -> None:
         spec.experiment, config=merge_config(spec.experiment.config, config, spec.model_params)
     )
     kwargs = fit_kwargs(experiment, current_cluster())
+    if POOL.idle_s is None:  # Tune reuses this trial's actor: keep raytf's warm for the next
+        POOL.idle_s = DEFAULT_IDLE_S
     fit(**kwargs, callbacks=[_TuneReport(spec.target)], verbose=False)
 
 
@@ -148,6 +146,155 @@ def _trial_resources(config: Mapping[str, Any], spec: _Spec, cluster: Any) -> An
     return placement_factory(chosen)
 
 
+SCHEDULERS = ("asha", "pbt")
+SEARCHERS = {
+    # name: (Tune's module, its class, the library to pip install, that library's module)
+    "optuna": ("ray.tune.search.optuna", "OptunaSearch", "optuna", "optuna"),
+    "hyperopt": ("ray.tune.search.hyperopt", "HyperOptSearch", "hyperopt", "hyperopt"),
+    "bayesopt": (
+        "ray.tune.search.bayesopt",
+        "BayesOptSearch",
+        "bayesian-optimization",
+        "bayes_opt",
+    ),
+}
+
+
+def _is_grid(value: Any) -> bool:
+    return isinstance(value, Mapping) and set(value) == {"grid_search"}
+
+
+def _scheduler(
+    scheduler: Any, metric: str, space: Mapping[str, Any], params: frozenset, config: dict
+) -> Any:
+    """Check ``scheduler`` (a name or a Tune TrialScheduler) before anything starts."""
+    from ray.tune.schedulers import TrialScheduler
+
+    if scheduler is None or isinstance(scheduler, TrialScheduler):
+        return scheduler
+    if scheduler not in SCHEDULERS:
+        raise ConfigError(
+            f"scheduler must be one of {SCHEDULERS}, a ray.tune TrialScheduler, or None; "
+            f"received {scheduler!r}."
+        )
+    if "epochs" in space:
+        raise ConfigError(
+            f"scheduler={scheduler!r} needs the same epochs for every trial; set epochs= "
+            "outside the space."
+        )
+    if metric in (THROUGHPUT, TIME_TO_TARGET):
+        raise ConfigError(
+            f"scheduler={scheduler!r} decides on a per-epoch metric; metric={metric!r} is only "
+            "meaningful at the end. Use metric='val_accuracy' (or another log), or no scheduler."
+        )
+    if scheduler == "pbt" and not _mutations(space, params):
+        raise ConfigError(
+            "scheduler='pbt' perturbs parameters of your model builder (e.g. lr) that the "
+            f"space samples; the space has {sorted(space)}, none of them such a parameter "
+            "with several values. Add one, e.g. space={'lr': tune.loguniform(1e-4, 1e-1)}."
+        )
+    return scheduler
+
+
+def _mutations(space: Mapping[str, Any], params: frozenset) -> dict[str, Any]:
+    """PBT's mutations: the model parameters the space varies (a grid as a list of choices)."""
+    from ray.tune.search.sample import Domain
+
+    out: dict[str, Any] = {}
+    for key, value in space.items():
+        if key not in params:
+            continue
+        if _is_grid(value) and len(value["grid_search"]) > 1:
+            out[key] = list(value["grid_search"])
+        elif isinstance(value, Domain):
+            out[key] = value
+    return out
+
+
+def _built(
+    scheduler: Any, space: Mapping[str, Any], params: frozenset, config: dict, num_samples: int
+) -> Any:
+    """The Tune scheduler for a name (a user's object as it is)."""
+    epochs = int(config.get("epochs", 1))
+    if scheduler == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        return ASHAScheduler(max_t=epochs, grace_period=1)
+    if scheduler == "pbt":
+        from ray.tune.schedulers import PopulationBasedTraining
+
+        population = num_samples
+        for value in space.values():
+            population *= len(value["grid_search"]) if _is_grid(value) else 1
+        # Every epoch is checkpointed and reported: trials compare (and clone) each epoch,
+        # all at the same epoch (synch), not a trial's early epoch against another's last.
+        # Tune's bottom quarter is nobody in a population under 4: at least one trial then.
+        return PopulationBasedTraining(
+            time_attr="training_iteration",
+            perturbation_interval=1,
+            synch=True,
+            hyperparam_mutations=_mutations(space, params),
+            quantile_fraction=min(0.5, max(0.25, 1 / population)),
+        )
+    return scheduler
+
+
+def _search_alg(search_alg: Any, space: Mapping[str, Any]) -> Any:
+    """A Tune Searcher for a name whose library is installed (a user's object as it is)."""
+    import importlib
+
+    from ray.tune.search import SearchAlgorithm, Searcher
+
+    if search_alg is None:
+        return None
+    grids = sorted(k for k, v in space.items() if _is_grid(v))
+    if grids:
+        raise ConfigError(
+            f"search_alg={search_alg!r} samples the space, but {grids} are tune.grid_search, "
+            "which search algorithms do not take. Use tune.choice([...]) (or ranges such as "
+            "tune.loguniform) and num_samples=N."
+        )
+    if isinstance(search_alg, (Searcher, SearchAlgorithm)):
+        return search_alg
+    if search_alg not in SEARCHERS:
+        raise ConfigError(
+            f"search_alg must be one of {sorted(SEARCHERS)}, a ray.tune Searcher, or None; "
+            f"received {search_alg!r}."
+        )
+    module, cls, package, library = SEARCHERS[search_alg]
+    try:
+        importlib.import_module(library)
+        return getattr(importlib.import_module(module), cls)()
+    except ImportError as exc:
+        extra = " (pip install 'raytf[tune]')" if search_alg == "optuna" else ""
+        raise ConfigError(
+            f"search_alg={search_alg!r} needs the {package} package, which is not installed "
+            f"here: pip install {package}{extra}. ({exc})"
+        ) from None
+
+
+def _resumable(storage: str, name: str | None) -> str:
+    """The sweep to resume: ``name``, or the newest sweep in ``storage``."""
+    from ray import tune
+
+    if name is None:
+        names = os.listdir(storage) if os.path.isdir(storage) else []
+        found = [d for d in names if tune.Tuner.can_restore(os.path.join(storage, d))]
+        if not found:
+            raise ConfigError(
+                f"resume=True found no sweep to resume in {storage!r}; pass storage_path= "
+                "(and name=) of the sweep that was interrupted."
+            )
+        name = max(found, key=lambda d: os.path.getmtime(os.path.join(storage, d)))
+    path = os.path.join(storage, name)
+    if not tune.Tuner.can_restore(path):
+        raise ConfigError(
+            f"resume=True, but {path!r} holds no sweep Tune can restore; check storage_path= "
+            "and name=, or drop resume to start a new sweep."
+        )
+    return name
+
+
 @dataclass(frozen=True)
 class SweepResult:
     """Tune's ``ResultGrid`` plus raytf's ranking, plot and best configuration."""
@@ -190,11 +337,13 @@ def sweep(
     mode: str | None = None,
     target: tuple[str, float] | None = None,
     validation_data: Callable[[Any], Any] | None = None,
-    scheduler: str | None = None,
+    scheduler: Any = None,
+    search_alg: Any = None,
     num_samples: int = 1,
     max_concurrent_trials: int | None = None,
     storage_path: str | None = None,
     name: str | None = None,
+    resume: bool = False,
     experiment_file: str | None = None,
     address: str | None = None,
     verbose: bool = True,
@@ -207,9 +356,17 @@ def sweep(
     ``global_batch_size``, ...) and parameters of your model builder (``lr``, ...) to values or
     Tune search primitives (``tune.grid_search``, ``tune.choice``, ...). ``metric`` is
     ``"throughput"`` (examples/s), any per-epoch log such as ``"val_accuracy"``, or
-    ``"time_to_target_s"`` with ``target=("val_accuracy", 0.95)``. ``scheduler="asha"`` stops
-    hopeless trials early (per-epoch metrics only). Other keyword arguments are fixed
-    :func:`raytf.fit` settings for every trial.
+    ``"time_to_target_s"`` with ``target=("val_accuracy", 0.95)``. Other keyword arguments
+    are fixed :func:`raytf.fit` settings for every trial.
+
+    ``scheduler``: ``"asha"`` stops hopeless trials early; ``"pbt"`` runs Population Based
+    Training over the model parameters the space samples (trials clone better ones'
+    checkpoints and perturb); or any Tune ``TrialScheduler``. ``search_alg``: ``"optuna"``,
+    ``"hyperopt"``, ``"bayesopt"`` (their libraries installed; ``pip install 'raytf[tune]'``
+    for Optuna) or any Tune ``Searcher``; sample with ``num_samples=``. Every trial reports
+    its epochs and checkpoints to Tune. ``resume=True`` goes on with the sweep ``name`` (the
+    newest in ``storage_path`` without one) after its driver died: finished trials are kept,
+    the others resume from their last checkpoint.
     """
     from ray import tune
 
@@ -246,17 +403,8 @@ def sweep(
             f"{shared} cannot be set for a sweep: every trial would write to (and resume "
             "from) the same directory. Rerun the best configuration with checkpoints instead."
         )
-    if scheduler == "asha" and "epochs" in space:
-        raise ConfigError(
-            "scheduler='asha' needs the same epochs for every trial; set epochs= outside the space."
-        )
-    if scheduler not in (None, "asha"):
-        raise ConfigError(f"scheduler must be None or 'asha', received {scheduler!r}.")
-    if scheduler == "asha" and metric in (THROUGHPUT, TIME_TO_TARGET):
-        raise ConfigError(
-            f"scheduler='asha' stops trials on a per-epoch metric; metric={metric!r} is only "
-            "meaningful at the end. Use metric='val_accuracy' (or another log), or no scheduler."
-        )
+    scheduler = _scheduler(scheduler, metric, space, params, config)
+    search_alg = _search_alg(search_alg, space)
     positive_int("num_samples", num_samples, "It counts trials per configuration.")
 
     from raytf._internal.runtime import runtime_env as renv
@@ -281,25 +429,35 @@ def sweep(
         tune.with_parameters(_trial, spec=spec),
         resources=lambda cfg: _trial_resources(cfg, spec, cluster),
     )
-    asha = None
-    if scheduler == "asha":
-        from ray.tune.schedulers import ASHAScheduler
-
-        asha = ASHAScheduler(max_t=int(config.get("epochs", 1)), grace_period=1)
     storage = os.path.abspath(storage_path or "raytf-sweeps")
-    name = name or time.strftime("sweep-%Y%m%d-%H%M%S")
-    tuner = tune.Tuner(
-        trainable,
-        param_space=dict(space),
-        tune_config=tune.TuneConfig(
-            metric=metric,
-            mode=mode,
-            scheduler=asha,
-            num_samples=num_samples,
-            max_concurrent_trials=max_concurrent_trials,
-        ),
-        run_config=tune.RunConfig(storage_path=storage, name=name, verbose=1 if verbose else 0),
-    )
+    if resume:
+        name = _resumable(storage, name)
+        tuner = tune.Tuner.restore(
+            os.path.join(storage, name),
+            trainable,
+            resume_unfinished=True,
+            resume_errored=True,
+            param_space=dict(space),
+        )
+    else:
+        name = name or time.strftime("sweep-%Y%m%d-%H%M%S")
+        tuner = tune.Tuner(
+            trainable,
+            param_space=dict(space),
+            tune_config=tune.TuneConfig(
+                metric=metric,
+                mode=mode,
+                # The next trial on the same resources runs in this one's actor and takes
+                # the raytf actors it left warm: no new processes, no TensorFlow import.
+                reuse_actors=True,
+                scheduler=_built(scheduler, space, params, config, num_samples),
+                search_alg=search_alg,
+                num_samples=num_samples,
+                max_concurrent_trials=max_concurrent_trials,
+            ),
+            run_config=tune.RunConfig(storage_path=storage, name=name, verbose=1 if verbose else 0),
+        )
+    POOL.clear()  # this driver's warm actors would hold resources the trials need
     started = time.time()
     grid = tuner.fit()
     wall = time.time() - started

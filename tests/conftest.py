@@ -60,11 +60,17 @@ RAY_DATA_ACTORS = {
 
 
 def alive_actors() -> list[str]:
-    """Names of live actor classes, from the GCS (the state API needs the dashboard)."""
+    """Names of live actor classes, from the GCS (the state API needs the dashboard), but
+    the fresh actors a run that ended well left warm for the next (raytf's warm pool)."""
     import ray
 
+    from raytf._internal.runtime.pool import POOL
+
+    warm = POOL.actor_ids()
     return [
         a.get("ActorClassName", "?")
-        for a in ray._private.state.actors().values()
-        if a["State"] == "ALIVE" and a.get("ActorClassName", "?") not in RAY_DATA_ACTORS
+        for actor_id, a in ray._private.state.actors().items()
+        if a["State"] == "ALIVE"
+        and a.get("ActorClassName", "?") not in RAY_DATA_ACTORS
+        and actor_id not in warm
     ]

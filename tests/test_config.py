@@ -60,6 +60,7 @@ def test_public_api_is_small_and_explicit():
         "predict",
         "sweep",
         "trial_resources",
+        "keep_warm",
     }
 
 

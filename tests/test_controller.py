@@ -130,14 +130,20 @@ class FakeGroup:
     spawned: list[int] = []
     shutdowns: list[int] = []
 
-    def __init__(self, placement, bundles, runtime_env=None):
+    def __init__(self, placement, bundles, runtime_env=None, strategy="PACK"):
         self.placement = placement
 
     def spawn(self, *args):  # pragma: no cover - the fake backend does not spawn
         pass
 
-    def shutdown(self):
+    def shutdown(self, park=False):
         FakeGroup.shutdowns.append(1)
+
+    def start_spares(self):
+        return 0
+
+    def drop_spares(self):
+        pass
 
 
 class FakePlacer:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,19 @@ class FakeResult:
 
 def ranked(results, metric="val_accuracy", mode="max", epochs=2):
     return rank(results, metric, mode, ("name",), epochs)
+
+
+def swept(rows, metric, mode, path="/tmp/x"):
+    return SweepResult(
+        grid=None,
+        metric=metric,
+        mode=mode,
+        rows=rows,
+        wall_time_s=1,
+        trial_train_s=1,
+        trial_total_s=1,
+        path=path,
+    )
 
 
 def names(rows):
@@ -67,16 +81,7 @@ def test_an_unreached_target_is_never_the_best():
         ("name",),
         2,
     )
-    result = SweepResult(
-        grid=None,
-        metric="time_to_target_s",
-        mode="min",
-        rows=rows,
-        wall_time_s=1,
-        trial_train_s=1,
-        trial_total_s=1,
-        path="/tmp/x",
-    )
+    result = swept(rows, "time_to_target_s", "min", "/tmp/x")
     assert result.best_config is None and "never" in result.table()
 
 
@@ -107,16 +112,7 @@ def test_best_yaml_rebuilds_a_layout_object(tmp_path):
     )
     best = {"name": raytf.AllReduce(workers=2), "lr": 0.003}
     rows = [{"config": best, "status": "ok", "value": 0.9, "throughput": 1, "error": None}]
-    result = SweepResult(
-        grid=None,
-        metric="val_accuracy",
-        mode="max",
-        rows=rows,
-        wall_time_s=1,
-        trial_train_s=1,
-        trial_total_s=1,
-        path=str(tmp_path),
-    )
+    result = swept(rows, "val_accuracy", "max", str(tmp_path))
     best["layout"] = best.pop("name")
     path = write_best_experiment(result, experiment, frozenset({"lr"}), str(tmp_path / "b.yaml"))
     with open(path) as f:
@@ -125,3 +121,28 @@ def test_best_yaml_rebuilds_a_layout_object(tmp_path):
     assert config["model_args"] == {"lr": 0.003} and config["epochs"] == 3
     again = load_experiment(path)  # and raytf run takes it
     assert again.config["workers"] == 2
+
+
+def test_plot_tick_labels_do_not_run_into_each_other():
+    """Throughputs in the tens of thousands once printed as '0 1000020000300004000050000'."""
+    from raytf._internal.sweep_report import figure, short_number
+
+    rows = ranked(
+        [
+            FakeResult(
+                {"name": f"layout=parameter-server workers=2 ps=1 staleness={i} lr=0.01"},
+                {"val_accuracy": 0.9, "throughput": t, "epoch": 2},
+            )
+            for i, t in enumerate([52_000, 31_000, 4_500, 17_250])
+        ]
+    )
+    result = swept(rows, "val_accuracy", "max", "/tmp/x")
+    fig = figure(result)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+        assert len(boxes) >= 2
+        for left, right in itertools.pairwise(boxes):
+            assert left.x1 < right.x0, [t.get_text() for t in ax.get_xticklabels()]
+    assert [short_number(v) for v in (52_000, 1_500_000, 0.953, 0)] == ["52k", "1.5M", "0.953", "0"]

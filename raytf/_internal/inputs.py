@@ -139,6 +139,10 @@ def as_data_fn(
 def ship(fn: Any, workers: int, equal: bool = True) -> Any:
     """The data function as actors receive it: arrays by reference, Ray Data split (in
     ``equal`` shares for training, every row for evaluation)."""
+    if isinstance(fn, (FileInput, RayDataInput)):  # Ray Data reads in Ray tasks
+        from raytf._internal.runtime.pool import POOL
+
+        POOL.make_room(cpus=1.0)
     if isinstance(fn, FileInput):
         fn = fn.read()
     if isinstance(fn, ArrayInput) and fn.ref is None:

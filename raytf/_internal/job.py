@@ -29,6 +29,11 @@ class Job:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 1
     resume: bool = False
+    #: How many checkpoints each directory keeps (the newest ones).
+    keep_checkpoints: int = 3
+    #: A checkpoint at the last epoch ends the run untrained, not as an error: a Tune trial
+    #: that PBT pointed at a finished trial's checkpoint has nothing left to do.
+    finished_ok: bool = False
     #: keras.callbacks.Callback objects, run in the workers (see worker/keras_callbacks.py).
     keras_callbacks: tuple[Any, ...] = ()
     #: Keras' meanings: {class: weight} for the training loss; validate every N epochs;
@@ -57,6 +62,7 @@ class Job:
         positive_int("global_batch_size", self.global_batch_size, "For example 256.")
         positive_int("epochs", self.epochs, "For example epochs=5.")
         positive_int("checkpoint_every", self.checkpoint_every, "It counts epochs.")
+        positive_int("keep_checkpoints", self.keep_checkpoints, "The newest N are kept.")
         for name in ("steps_per_epoch", "validation_steps"):
             positive_int(name, getattr(self, name), "None uses the whole dataset.", allow_none=True)
         spe = self.steps_per_execution

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -149,6 +150,19 @@ def format_table(result: Any) -> str:
 
 def write_plot(result: Any, path: str) -> str | None:
     """Throughput and the objective per configuration, as a PNG beside Tune's results."""
+    fig = figure(result)
+    if fig is None:
+        return None
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def figure(result: Any) -> Any:
+    """The plot's matplotlib figure (None when no trial finished)."""
     rows = [r for r in result.rows if r["status"] in OK]
     if not rows:
         return None
@@ -156,19 +170,21 @@ def write_plot(result: Any, path: str) -> str | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    labels = [_label(r["config"]) for r in rows]
+    # Wrapped, and on the first panel only: long labels squeezed the bars' axes.
+    labels = [textwrap.fill(_label(r["config"]), 32) for r in rows]
     panels = [("examples/s (steady state)", [r["throughput"] or 0 for r in rows])]
     if result.metric != "throughput":
         values = [r["value"] for r in rows]
         values = [0 if v is None or math.isinf(v) or v >= NEVER else v for v in values]
         panels.append((f"{result.metric} ({result.mode})", values))
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(6 * len(panels), 0.6 * len(rows) + 1.5), squeeze=False
+        1, len(panels), figsize=(6 * len(panels), 0.8 * len(rows) + 1.5), squeeze=False
     )
-    for ax, (title, values) in zip(axes[0], panels, strict=True):
+    for i, (ax, (title, values)) in enumerate(zip(axes[0], panels, strict=True)):
         ax.barh(range(len(rows)), values, color="#3b75af")
-        ax.set_yticks(range(len(rows)), labels)
+        ax.set_yticks(range(len(rows)), labels if i == 0 else [""] * len(rows))
         ax.invert_yaxis()  # best at the top
         ax.set_title(title)
         for y, v in enumerate(values):
@@ -176,12 +192,21 @@ def write_plot(result: Any, path: str) -> str | None:
         low, high = min(values), max(values)
         if low > 0 and high - low < 0.5 * high:  # zoom in where the bars differ little
             ax.set_xlim(low - (high - low or high * 0.05), high + 0.15 * (high - low or high))
+        # Few, short tick labels (12k, not 12000): five-digit ticks ran into each other.
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: short_number(v)))
     fig.suptitle(f"raytf sweep, ranked by {result.metric}")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def short_number(value: float) -> str:
+    """A tick label: 12k, 1.5M, 0.95."""
+    size = abs(value)
+    for limit, suffix in ((1e6, "M"), (1e3, "k")):
+        if size >= limit:
+            return f"{value / limit:.3g}{suffix}"
+    return f"{value:.3g}"
 
 
 def _plain(value: Any) -> Any:

@@ -102,6 +102,7 @@ class Controller:
         self.resize_reason = ""
         self.scratch: str | None = None
         self.result: FitResult | None = None
+        self.spares_on: ActorGroup | None = None  # the group whose spares wait (pool.py)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> FitResult:
@@ -118,6 +119,7 @@ class Controller:
     def close(self) -> None:
         """Stop every actor and release what the run reserved (idempotent)."""
         self._stop_group()
+        self._drop_spares()
         self.placer.release(self.placement)
         self.placement = None
         if self.scratch is not None:
@@ -160,7 +162,7 @@ class Controller:
         job, run = self.next_job, self.run_state
         backend, group, workers, servers = self._spawn_and_wire()
         self.attempt = Attempt(backend, group, job, Built(0, None, 0, 0), 0, 0)
-        built = backend.build(group, job, recovering=bool(run.failures))
+        built = backend.build(group, job, recovering=bool(run.failures) or job.finished_ok)
         steps = built.steps
         start_epoch = built.start_epoch
         start_step = built.start_step if start_epoch < job.epochs else 0
@@ -187,13 +189,20 @@ class Controller:
         if not run.announced:
             announce(run, self, built, job)
         run.checkpoint_at = (position, time.time())
+        if len(run.failures) < self.policy.max_failures and group.start_spares():
+            self.spares_on = group  # a recovery takes them instead of starting cold (pool.py)
         return State.TRAIN
 
     def _spawn_and_wire(self) -> tuple[Backend, ActorGroup, list, list]:
         """A group with TensorFlow wired; a port lost to another process means a retry."""
         for attempt in range(1, BIND_ATTEMPTS + 1):
             backend = self.layout.backend_cls()(self.layout, self.timeouts, self)
-            group = self.group_cls(self.placement, self.layout.bundles(), self.runtime_env)
+            group = self.group_cls(
+                self.placement,
+                self.layout.bundles(),
+                self.runtime_env,
+                strategy=self.layout.placement_strategy,
+            )
             try:
                 backend.spawn(group)
                 workers, servers = backend.start(group)
@@ -218,7 +227,7 @@ class Controller:
             keras_callbacks.copy_back(
                 job.keras_callbacks, chief.get("keras_callbacks") or (), run.history, run.epochs
             )
-            self._stop_group()
+            self._stop_group(park=True)  # fresh actors wait for the next run (pool.py)
             return State.DONE
         steps = a.built.steps
         length = schedule.segment_length(
@@ -274,6 +283,7 @@ class Controller:
         """A new reservation for an elastic run: the full size if it can be had within
         ``replace_within_s``, else the largest size down to ``min_workers`` that fits."""
         self._stop_group()
+        self._drop_spares()
         old = self.layout
         self.placer.release(self.placement)
         self.placement = None
@@ -340,11 +350,10 @@ class Controller:
         if saved:
             run.checkpoint_at = ((epoch + 1) * steps, time.time())
             self._keep(saved, steps)
-        for cb in self.callbacks:
-            cb.on_epoch_end(epoch, logs)
-        if saved:
-            for cb in self.callbacks:
+        for cb in self.callbacks:  # the checkpoint first: Tune reports it with the logs
+            if saved:
                 cb.on_checkpoint(epoch, saved)
+            cb.on_epoch_end(epoch, logs)
         return saved, end.stop
 
     def _keep(self, path: str | None, steps: int) -> None:
@@ -387,9 +396,14 @@ class Controller:
         for cb in self.callbacks:
             cb.on_failure(record)
 
-    def _stop_group(self) -> None:
+    def _drop_spares(self) -> None:
+        if self.spares_on is not None:
+            self.spares_on.drop_spares()
+            self.spares_on = None
+
+    def _stop_group(self, park: bool = False) -> None:
         if self.attempt is not None:
-            self.attempt.group.shutdown()
+            self.attempt.group.shutdown(park=park)
             self.attempt = None
 
     # ------------------------------------------------------- RunHooks (in place)

@@ -18,8 +18,8 @@ from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from raytf._internal.runtime.pool import POOL, Spec, env_key, start_actor
 from raytf.errors import ConfigError, Preempted, RaytfError, StartupTimeoutError, WorkerError
 
 #: How long to look for a dead peer behind a surviving peer's error before reporting it.
@@ -180,14 +180,19 @@ class ActorGroup:
         placement: PlacementGroup | None,
         bundles: list[dict[str, float]],
         runtime_env: dict[str, Any] | None = None,
+        strategy: str = "PACK",
     ) -> None:
         self.placement = placement
+        self.strategy = strategy
         self.bundles = bundles
         self.runtime_env = runtime_env
         self.members: list[Member] = []
         self.offset = 0  # of this layout's bundles in the placement group
+        self.owned = placement is not None  # raytf's own reservation, not a Tune trial's
         if placement is None:  # inside a caller's group (a Tune trial)?
             self.placement, self.offset = _caller_group(bundles)
+        # Actors a previous run left warm on this group, taken as members spawn.
+        self.lease = POOL.lease(self.placement)
 
     # ------------------------------------------------------------------ members
     def spawn(self, name: str, role: str, bundle_index: int, cls: type, *args: Any) -> Member:
@@ -196,25 +201,24 @@ class ActorGroup:
         self.members.append(member)
         return member
 
+    def _spec(self, member: Member) -> Spec:
+        index = self.offset + member.bundle_index
+        return (index, member.cls, member.name, member.args, env_key(self.runtime_env))
+
     def _start(self, member: Member) -> Any:
-        bundle = self.bundles[member.bundle_index]
-        strategy = None  # in a caller's group that does not match the layout: Ray places
-        if self.placement is not None:
-            strategy = PlacementGroupSchedulingStrategy(
-                self.placement,
-                placement_group_bundle_index=self.offset + member.bundle_index,
-                placement_group_capture_child_tasks=True,
-            )
-        return (
-            ray.remote(member.cls)
-            .options(
-                num_cpus=bundle.get("CPU", 0),
-                num_gpus=bundle.get("GPU", 0),
-                max_restarts=0,
-                scheduling_strategy=strategy,
-                runtime_env=self.runtime_env,
-            )
-            .remote(member.name, *member.args)
+        spec = self._spec(member)
+        warm = self.lease.take(spec) or POOL.take_spare(self.placement, spec)
+        if warm is not None:
+            return warm
+        placement = self.placement  # None in a caller's group that does not match: Ray places
+        return start_actor(
+            member.cls,
+            member.name,
+            member.args,
+            self.bundles[member.bundle_index],
+            placement,
+            self.offset + member.bundle_index,
+            self.runtime_env,
         )
 
     def replace(self, member: Member) -> Member:
@@ -240,6 +244,7 @@ class ActorGroup:
         on_lost: OnLost | None = None,
     ) -> list[Any]:
         """``method`` on each of ``members`` (``args[i]`` for member i; none by default)."""
+        self.lease.close()  # every member is spawned by the first call
         args = args if args is not None else [()] * len(members)
         refs = {getattr(m.actor, method).remote(*a): m for m, a in zip(members, args)}
         done = self.wait(refs, timeout_s=timeout_s, phase=phase, on_lost=on_lost)
@@ -340,9 +345,31 @@ class ActorGroup:
                 continue
         return None
 
-    def shutdown(self) -> None:
+    def start_spares(self) -> int:
+        """Spares for a run that may recover (see pool.py); how many were started."""
+        specs = [(self._spec(m), self.bundles[m.bundle_index]) for m in self.members]
+        return POOL.add_spares(self.placement, specs, self.runtime_env)
+
+    def drop_spares(self) -> None:
+        POOL.drop_spares(self.placement)
+
+    def shutdown(self, park: bool = False) -> None:
+        """Stop every member; ``park``: a run that ended well leaves fresh actors of the
+        same kind on the group for the next run (see pool.py)."""
+        self.lease.close()
+        specs = [(self._spec(m), self.bundles[m.bundle_index]) for m in self.members]
         for member in self.members:
             # Already gone, or Ray is shutting down: keep killing the rest.
             with contextlib.suppress(Exception):
                 ray.kill(member.actor, no_restart=True)
         self.members = []
+        if park and specs and self.placement is not None:
+            self.drop_spares()  # the run is over; warm actors with their resources instead
+            POOL.park(
+                self.placement,
+                self.owned,
+                self.placement.bundle_specs,
+                self.strategy,
+                specs,
+                self.runtime_env,
+            )

@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any, Protocol
 
 from raytf._internal.cluster import ClusterInfo, bundles_fit
+from raytf._internal.runtime.pool import POOL
 from raytf.errors import PlacementError
 from raytf.layouts.base import Layout
 
@@ -56,6 +57,9 @@ class RayPlacer:
             check_caller_group(layout, caller.bundle_specs)
             return None
         bundles = layout.bundles()
+        warm = POOL.take_placement(bundles, layout.placement_strategy)
+        if warm is not None:  # the previous run's group, with its actors started (pool.py)
+            return warm
         pg = placement_group(bundles, strategy=layout.placement_strategy)
         ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
         if not ready:
@@ -70,7 +74,7 @@ class RayPlacer:
     def release(self, placement: Any) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        if placement is not None:
+        if placement is not None and not POOL.keeps(placement):
             remove_placement_group(placement)
 
     def has_free(self, bundles: list[dict[str, float]]) -> bool:

@@ -4,6 +4,10 @@ Every worker saves (distributed variables are read collectively), but only the c
 is kept; the others write to a scratch directory they delete. Checkpoints are numbered by
 global step, so mid-epoch and epoch-end ones sort in order, and hold (epoch, step) so a
 restore goes on exactly where the checkpoint was written.
+
+A checkpoint also holds the learning rate the model builder gave the run that wrote it. When
+the builder now gives another (Population Based Training explored a new ``lr``), the new rate
+is kept after the restore; otherwise the checkpoint's (a callback may have lowered it) wins.
 """
 
 from __future__ import annotations
@@ -23,7 +27,12 @@ class Checkpoints:
     """``model`` and ``optimizer`` (plus any named trackables) under ``directory``."""
 
     def __init__(
-        self, directory: str | None, is_chief: bool, worker_index: int, **trackables: Any
+        self,
+        directory: str | None,
+        is_chief: bool,
+        worker_index: int,
+        keep: int = KEEP,
+        **trackables: Any,
     ) -> None:
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="raytf_epoch")
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="raytf_step")
@@ -35,14 +44,17 @@ class Checkpoints:
         self.directory = directory
         if not directory:
             return
-        self.checkpoint = tf.train.Checkpoint(epoch=self.epoch, step=self.step, **trackables)
+        self.rate = BuiltRate(trackables.get("optimizer"))
+        self.checkpoint = tf.train.Checkpoint(
+            epoch=self.epoch, step=self.step, built_learning_rate=self.rate.variable, **trackables
+        )
         if is_chief:  # TensorBoard scalars, one point per epoch
             # tensorboardX (a Ray Tune dependency): tensorflow-cpu ships without TensorBoard.
             from tensorboardX import SummaryWriter
 
             self.summaries = SummaryWriter(os.path.join(directory, "summaries"))
         own = directory if is_chief else os.path.join(directory, f".scratch-worker-{worker_index}")
-        self.manager = tf.train.CheckpointManager(self.checkpoint, own, max_to_keep=KEEP)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, own, max_to_keep=keep)
 
     def restore(self) -> tuple[int, int]:
         """Restore the newest readable checkpoint: (epoch, step in epoch) to go on from."""
@@ -51,6 +63,7 @@ class Checkpoints:
         self.restored, self.skipped = restore_newest_valid(self.checkpoint, self.directory)
         if self.restored is None:
             return 0, 0
+        self.rate.after_restore()
         return int(self.epoch.numpy()), int(self.step.numpy())
 
     def save(self, epoch: int, step: int, number: int) -> str | None:
@@ -71,6 +84,24 @@ class Checkpoints:
             for key, value in logs.items():
                 self.summaries.add_scalar(key, value, global_step=epoch + 1)
             self.summaries.flush()
+
+
+class BuiltRate:
+    """The builder's learning rate, saved with the optimizer; see the module docstring."""
+
+    def __init__(self, optimizer: Any) -> None:
+        from raytf._internal.worker.keras_callbacks import plain_learning_rate
+
+        self.optimizer = optimizer
+        self.built = plain_learning_rate(optimizer)
+        value = float("nan") if self.built is None else self.built
+        self.variable = tf.Variable(value, dtype=tf.float64, trainable=False, name="raytf_lr")
+
+    def after_restore(self) -> None:
+        saved = float(self.variable.numpy())
+        if self.built is not None and saved == saved and abs(saved - self.built) > 1e-12:
+            self.optimizer.learning_rate = self.built  # a new rate from the builder: keep it
+        self.variable.assign(float("nan") if self.built is None else self.built)
 
 
 def restore_newest_valid(

@@ -279,7 +279,12 @@ def strategy_loop(
             "under MirroredStrategy instead."
         )
     checkpoints = Checkpoints(
-        job.checkpoint_dir, spec.is_chief, spec.worker_index, model=md.model, optimizer=md.optimizer
+        job.checkpoint_dir,
+        spec.is_chief,
+        spec.worker_index,
+        job.keep_checkpoints,
+        model=md.model,
+        optimizer=md.optimizer,
     )
     start = checkpoints.restore() if job.resume else (0, 0)
     runner = StrategyRunner(md, devices, towers, distribute, job)

@@ -74,6 +74,7 @@ class RayParameterServerBackend(Backend):
             "prefetch_weights": layout.prefetch_weights,
             "checkpoint_dir": job.checkpoint_dir,
             "resume": job.resume,
+            "keep": job.keep_checkpoints,
             "learning_rate": None,  # the servers' (after a restore), set below
         }
         shards = [[v for v, o in zip(variables, owner) if o == s] for s in range(layout.ps)]

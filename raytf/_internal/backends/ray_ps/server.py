@@ -107,7 +107,7 @@ class ParameterShard:
         if config.get("servers", 1) > 1:
             _check_shardable(self.optimizer, config["servers"])
         epoch, step, version = self._setup_checkpoint(
-            config.get("checkpoint_dir"), config.get("resume", False)
+            config.get("checkpoint_dir"), config.get("resume", False), config.get("keep", 3)
         )
 
         def update(flat: Any) -> bool:
@@ -140,7 +140,9 @@ class ParameterShard:
             "variables": len(self.names),
         }
 
-    def _setup_checkpoint(self, directory: str | None, resume: bool) -> tuple[int, int, int]:
+    def _setup_checkpoint(
+        self, directory: str | None, resume: bool, keep: int
+    ) -> tuple[int, int, int]:
         """Checkpointing of this shard; (epoch, step, version) restored when resuming."""
         import tensorflow as tf
 
@@ -151,15 +153,19 @@ class ParameterShard:
         self.restored: str | None = None
         if not directory:
             return 0, 0, 0
+        from raytf._internal.worker.checkpoints import BuiltRate
+
+        rate = BuiltRate(self.optimizer)
         ckpt = tf.train.Checkpoint(
             variables=dict(zip([_safe(n) for n in self.names], self.own)),
             optimizer=self.optimizer,
+            built_learning_rate=rate.variable,
             epoch=self._epoch,
             step=self._step,
             version=self._version,
         )
         path = os.path.join(directory, f"ps-{self.index}")
-        self._manager = tf.train.CheckpointManager(ckpt, path, max_to_keep=3)
+        self._manager = tf.train.CheckpointManager(ckpt, path, max_to_keep=keep)
         listing = os.path.join(path, "variables.json")
         if resume and self._manager.latest_checkpoint:
             with open(listing) as f:
@@ -172,6 +178,7 @@ class ParameterShard:
                 )
             self.restored = self._manager.latest_checkpoint
             ckpt.restore(self.restored).assert_existing_objects_matched()
+            rate.after_restore()
         os.makedirs(path, exist_ok=True)
         with open(listing, "w") as f:
             json.dump(self.names, f)

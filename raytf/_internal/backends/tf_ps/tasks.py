@@ -220,7 +220,12 @@ class TFChief:
         md = ModelData(job, self.strategy, ctx, val_ctx, False, 1)
         info = md.build()
         checkpoints = Checkpoints(
-            job.checkpoint_dir, True, 0, model=md.model, optimizer=md.optimizer
+            job.checkpoint_dir,
+            True,
+            0,
+            job.keep_checkpoints,
+            model=md.model,
+            optimizer=md.optimizer,
         )
         start = checkpoints.restore() if job.resume else (0, 0)
         runner = ScheduledRunner(md, self.coordinator, job, n)

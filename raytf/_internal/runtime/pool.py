@@ -1,0 +1,380 @@
+"""Warm actors: the next run on the same bundles starts without importing TensorFlow again.
+
+A new actor pays for a process and ``import tensorflow`` (3-4 s here) before it can build a
+model; a notebook's second ``fit``, each trial of a sweep and a rerun pay it again. So when a
+run ends well, its actors are stopped as always (no process outlives its run: nothing of one
+run's TensorFlow state can reach the next) and a fresh actor of the same class, name and
+bundle is started in each one's place, on the placement group the run held, which is kept.
+The next run whose layout needs the same bundles takes the group and these actors instead of
+reserving and starting its own; a run needing other bundles releases them first. Unused for
+``idle_s`` they are stopped and the resources go back to Ray.
+
+Inside a Tune trial the group is the trial's: the actors wait in it for the next trial that
+Tune runs in the same trial actor (``reuse_actors``, which ``raytf.sweep`` turns on).
+
+Spares: a run that may recover (``FailurePolicy(max_failures>0)``) keeps one fresh actor per
+member on CPU-only bundles, asking for no resources of their own (the bundle's are the
+member's until it dies, and then free for its replacement). A recovery, which restarts every
+member, takes them instead of importing TensorFlow again, and new spares start once it
+trains. A GPU bundle has none: Ray gives a GPU (and ``CUDA_VISIBLE_DEVICES``) only to an
+actor that asks for it when it is created, so its replacement starts cold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Seconds a warm group waits for its next run, unless raytf.keep_warm() or the environment
+#: variable says otherwise.
+DEFAULT_IDLE_S = 60.0
+ENV = "RAYTF_KEEP_WARM_S"
+
+#: What identifies a warm actor: (bundle index in its group, class, name, constructor args,
+#: runtime_env as JSON).
+Spec = tuple[int, type, str, tuple, str]
+
+
+def env_key(runtime_env: dict[str, Any] | None) -> str:
+    return json.dumps(runtime_env or {}, sort_keys=True, default=str)
+
+
+def start_actor(
+    cls: type,
+    name: str,
+    args: tuple,
+    bundle: dict[str, float],
+    placement: Any,
+    index: int,
+    runtime_env: dict[str, Any] | None,
+) -> Any:
+    """``cls`` as a Ray actor on bundle ``index`` of ``placement`` (None: Ray places it)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = None
+    if placement is not None:
+        strategy = PlacementGroupSchedulingStrategy(
+            placement,
+            placement_group_bundle_index=index,
+            placement_group_capture_child_tasks=True,
+        )
+    return (
+        ray.remote(cls)
+        .options(
+            num_cpus=bundle.get("CPU", 0),
+            num_gpus=bundle.get("GPU", 0),
+            max_restarts=0,
+            scheduling_strategy=strategy,
+            runtime_env=runtime_env,
+        )
+        .remote(name, *args)
+    )
+
+
+@dataclass(eq=False)
+class _Warm:
+    """One kept placement group and the fresh actors waiting on its bundles."""
+
+    placement: Any
+    bundles: tuple[tuple[tuple[str, float], ...], ...]
+    strategy: str
+    owned: bool  # reserved by raytf (released at expiry), or a Tune trial's
+    spare: bool = False  # a running run's spares (no timer; see the module docstring)
+    actors: dict[int, tuple[Spec, Any, Any]] = field(
+        default_factory=dict
+    )  # index: spec, actor, ready
+    timer: threading.Timer | None = None
+
+
+def _frozen(bundles: Sequence[dict[str, float]]) -> tuple[tuple[tuple[str, float], ...], ...]:
+    return tuple(tuple(sorted((k, float(v)) for k, v in b.items() if v)) for b in bundles)
+
+
+class Lease:
+    """A run's claim on a warm group's actors, until its spawning is over."""
+
+    def __init__(self, pool: WarmPool, warm: _Warm | None) -> None:
+        self.pool = pool
+        self.warm = warm
+        # Asked now, all at once: an actor that died while idle answers with its death.
+        self.pings = {}
+        if warm is not None:
+            self.pings = {i: a.__ray_ready__.remote() for i, (_, a) in warm.actors.items()}
+
+    def take(self, spec: Spec) -> Any:
+        """The warm actor for ``spec``, or None (then nothing holds its bundle any more)."""
+        warm = self.warm
+        if warm is None:
+            return None
+        found = warm.actors.pop(spec[0], None)
+        if found is None:
+            return None
+        parked, actor = found
+        if parked != spec or not _alive(self.pings.get(spec[0])):
+            self.pool.kill(actor)  # another class, name or environment, or it died idle
+            return None
+        return actor
+
+    def close(self) -> None:
+        """Spawning is over: warm actors no member took are stopped (they hold resources)."""
+        if self.warm is not None:
+            for _, actor in self.warm.actors.values():
+                self.pool.kill(actor)
+            self.warm.actors.clear()
+            self.warm = None
+
+
+#: How long a lease waits for a warm actor's answer; one still starting counts as alive.
+PING_S = 0.5
+
+
+def _alive(ping: Any) -> bool:
+    """False if the actor is known to have died; a starting actor counts as alive."""
+    import ray
+
+    if ping is None:
+        return True
+    done, _ = ray.wait([ping], timeout=PING_S)
+    if not done:
+        return True
+    try:
+        ray.get(done[0])
+    except Exception:
+        return False
+    return True
+
+
+class WarmPool:
+    """This driver's warm groups; see the module docstring. Thread-safe (timers expire)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._warm: list[_Warm] = []
+        self._session: Any = None
+        self.idle_s: float | None = None  # None: the environment variable, else the default
+
+    # ------------------------------------------------------------------ policy
+    def idle_seconds(self) -> float:
+        if self.idle_s is not None:
+            return self.idle_s
+        raw = os.environ.get(ENV)
+        try:
+            return max(0.0, float(raw)) if raw else DEFAULT_IDLE_S
+        except ValueError:
+            return DEFAULT_IDLE_S
+
+    def _check_session(self) -> None:
+        """Warm groups belong to one Ray session: after a shutdown they are gone."""
+        import ray
+
+        session = None
+        if ray.is_initialized():
+            context = ray.get_runtime_context()
+            session = (context.gcs_address, context.get_job_id())
+        if session != self._session:
+            for warm in self._warm:
+                if warm.timer is not None:
+                    warm.timer.cancel()
+            self._warm = []
+            self._session = session
+
+    # ------------------------------------------------------------------ runs
+    def take_placement(self, bundles: Sequence[dict[str, float]], strategy: str) -> Any:
+        """A kept group of raytf's own with exactly these bundles, or None, in which case
+        every kept group of raytf's own is released (the new reservation needs the room)."""
+        with self._lock:
+            self._check_session()
+            frozen = _frozen(bundles)
+            for warm in self._warm:
+                if (
+                    warm.owned
+                    and not warm.spare
+                    and warm.bundles == frozen
+                    and warm.strategy == strategy
+                ):
+                    self._hold(warm)
+                    return warm.placement
+            for warm in [w for w in self._warm if w.owned and not w.spare]:
+                self._expire(warm)
+            return None
+
+    def lease(self, placement: Any) -> Lease:
+        """The warm actors on ``placement`` (a group just taken, or a Tune trial's)."""
+        with self._lock:
+            self._check_session()
+            for warm in self._warm:
+                if placement is not None and not warm.spare and warm.placement.id == placement.id:
+                    self._hold(warm)
+                    self._warm.remove(warm)
+                    return Lease(self, warm)
+            return Lease(self, None)
+
+    def park(
+        self,
+        placement: Any,
+        owned: bool,
+        bundles: Sequence[dict[str, float]],
+        strategy: str,
+        members: Sequence[tuple[Spec, dict[str, float]]],
+        runtime_env: dict[str, Any] | None,
+    ) -> bool:
+        """Start a fresh actor for each member on its bundle and keep ``placement`` for the
+        next run. False (and nothing kept) when warm actors are turned off."""
+        idle = self.idle_seconds()
+        if idle <= 0 or placement is None:
+            return False
+        if not owned and self.idle_s is None and ENV not in os.environ:
+            # A Tune trial's group outlives the trial only when Tune reuses the trial's
+            # actor (raytf.sweep does, and says so here): otherwise the start is waste.
+            return False
+        warm = _Warm(placement, _frozen(bundles), strategy, owned)
+        for spec, bundle in members:
+            index, cls, name, args, _ = spec
+            actor = start_actor(cls, name, args, bundle, placement, index, runtime_env)
+            warm.actors[index] = (spec, actor)
+        with self._lock:
+            self._check_session()
+            warm.timer = threading.Timer(idle, self._on_timer, args=(warm,))
+            warm.timer.daemon = True
+            self._warm.append(warm)
+            warm.timer.start()
+        return True
+
+    def add_spares(
+        self,
+        placement: Any,
+        members: Sequence[tuple[Spec, dict[str, float]]],
+        runtime_env: dict[str, Any] | None,
+    ) -> int:
+        """Spares for the members on CPU-only bundles of ``placement``, unless it has some;
+        how many were started."""
+        if placement is None:
+            return 0
+        with self._lock:
+            self._check_session()
+            if any(w.spare and w.placement.id == placement.id for w in self._warm):
+                return 0
+        warm = _Warm(placement, (), "", owned=False, spare=True)
+        for spec, bundle in members:
+            if bundle.get("GPU"):
+                continue
+            index, cls, name, args, _ = spec
+            # Ray sets OMP_NUM_THREADS from the CPUs an actor asks for (1 for none): the
+            # member's count, as its replacement would have had.
+            threads = str(max(1, math.floor(bundle.get("CPU", 1))))
+            env = dict(runtime_env or {})
+            env["env_vars"] = {"OMP_NUM_THREADS": threads, **env.get("env_vars", {})}
+            actor = start_actor(cls, name, args, {}, placement, index, env)
+            warm.actors[index] = (spec, actor)
+        if not warm.actors:
+            return 0
+        with self._lock:
+            self._warm.append(warm)
+        return len(warm.actors)
+
+    def take_spare(self, placement: Any, spec: Spec) -> Any:
+        """A live spare for ``spec`` on ``placement``, or None."""
+        if placement is None:
+            return None
+        with self._lock:
+            for warm in self._warm:
+                if warm.spare and warm.placement.id == placement.id:
+                    actor = Lease(self, warm).take(spec)
+                    if not warm.actors:
+                        self._warm.remove(warm)
+                    return actor
+        return None
+
+    def drop_spares(self, placement: Any) -> None:
+        """The run on ``placement`` is over: its spares are stopped."""
+        if placement is None:
+            return
+        with self._lock:
+            for warm in [w for w in self._warm if w.spare and w.placement.id == placement.id]:
+                self._warm.remove(warm)
+                for _, actor in warm.actors.values():
+                    self.kill(actor)
+
+    def make_room(self, cpus: float) -> None:
+        """Ray work of this driver's own (Ray Data reads, scoring actors) needs ``cpus``: if
+        warm actors hold them, release these rather than leave the work waiting."""
+        import ray
+
+        if len(self) and ray.available_resources().get("CPU", 0.0) < cpus:
+            self.clear()
+
+    def keeps(self, placement: Any) -> bool:
+        """Is ``placement`` kept warm (so its run must not remove it)?"""
+        with self._lock:
+            return any(w.placement is placement and not w.spare for w in self._warm)
+
+    def clear(self) -> None:
+        """Stop every warm actor and release every kept group (Tune needs the room)."""
+        with self._lock:
+            self._check_session()
+            for warm in list(self._warm):
+                self._expire(warm)
+
+    def actor_ids(self) -> set[str]:
+        """Ray ids of the warm actors kept for the next run (not spares)."""
+        return self._ids(spare=False)
+
+    def spare_ids(self) -> set[str]:
+        """Ray ids of the spares waiting for a running run's recovery."""
+        return self._ids(spare=True)
+
+    def _ids(self, spare: bool) -> set[str]:
+        with self._lock:
+            return {
+                actor._actor_id.hex()
+                for w in self._warm
+                if w.spare == spare
+                for _, actor in w.actors.values()
+            }
+
+    def __len__(self) -> int:
+        """Warm groups kept for the next run."""
+        with self._lock:
+            return sum(not w.spare for w in self._warm)
+
+    # ------------------------------------------------------------------ helpers
+    def _hold(self, warm: _Warm) -> None:
+        if warm.timer is not None:
+            warm.timer.cancel()
+            warm.timer = None
+
+    def _on_timer(self, warm: _Warm) -> None:
+        with self._lock:
+            if warm in self._warm:
+                self._expire(warm)
+
+    def _expire(self, warm: _Warm) -> None:
+        self._hold(warm)
+        with contextlib.suppress(ValueError):
+            self._warm.remove(warm)
+        for _, actor in warm.actors.values():
+            self.kill(actor)
+        warm.actors.clear()
+        if warm.owned:
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):  # Ray shut down meanwhile
+                remove_placement_group(warm.placement)
+
+    @staticmethod
+    def kill(actor: Any) -> None:
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+
+
+#: The driver's pool.
+POOL = WarmPool()
