@@ -224,12 +224,13 @@ def keep_warm(idle_s: float) -> None:
     runs. Default 60 s (or the ``RAYTF_KEEP_WARM_S`` environment variable); ``0`` turns it
     off and releases what is kept now.
     """
-    from raytf._internal.runtime.pool import POOL
+    from raytf._internal.runtime.pool import MAX_IDLE_S, POOL
 
-    if isinstance(idle_s, bool) or not isinstance(idle_s, (int, float)) or not idle_s >= 0:
+    number = isinstance(idle_s, (int, float)) and not isinstance(idle_s, bool)
+    if not number or not 0 <= idle_s < MAX_IDLE_S:
         raise ConfigError(
-            f"keep_warm takes seconds >= 0, received {idle_s!r}; e.g. raytf.keep_warm(60), "
-            "or raytf.keep_warm(0) to turn warm actors off."
+            f"keep_warm takes seconds >= 0 (and below {MAX_IDLE_S:g}), received {idle_s!r}; "
+            "e.g. raytf.keep_warm(60), or raytf.keep_warm(0) to turn warm actors off."
         )
     POOL.idle_s = float(idle_s)
     if idle_s == 0:
@@ -427,6 +428,7 @@ def fit(
             driver_hooks.append(reporters[0])
         for reporter in reporters:
             reporter.directory = trial.checkpoint_dir
+            reporter.carried = trial.carried
     hooks = [ProgressLogger(), *driver_hooks] if verbose else driver_hooks
     try:
         result = Controller(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytf._internal.checks import positive_int
-from raytf._internal.runtime.pool import DEFAULT_IDLE_S, POOL
+from raytf._internal.runtime.pool import DEFAULT_IDLE_S, ENV, POOL
 from raytf._internal.sweep_report import NEVER, merge_config
 from raytf._internal.tune_trial import TuneReporter
 from raytf.callbacks import RunInfo
@@ -63,15 +63,23 @@ class _TuneReport(TuneReporter):
         }
 
     def extra(self, epoch: int, logs: dict[str, float]) -> dict[str, Any]:
-        train_s = time.time() - self.started
+        # A trial Tune restored (a retry, PBT, a resumed sweep) goes on counting.
+        carried = self.carried
+        train_s = carried.get("train_s", 0.0) + time.time() - self.started
+        if self.reached is None and carried.get(TIME_TO_TARGET, NEVER) < NEVER:
+            self.reached = carried[TIME_TO_TARGET]
         if self.target and self.reached is None:
             key, value = self.target
             if key in logs and _better_or_equal(logs[key], value, infer_mode(key) or "max"):
                 self.reached = train_s
-        report = {**self.resources, "train_s": train_s, "startup_s": self.started - self.created}
+        startup_s = carried.get("startup_s", 0.0) + self.started - self.created
+        report = {**self.resources, "train_s": train_s, "startup_s": startup_s}
         if self.target:
             report[TIME_TO_TARGET] = self.reached if self.reached is not None else NEVER
         return report
+
+    def carry(self, report: dict[str, Any]) -> dict[str, Any]:
+        return {k: report[k] for k in ("train_s", "startup_s", TIME_TO_TARGET) if k in report}
 
 
 def _better_or_equal(got: float, want: float, mode: str) -> bool:
@@ -100,8 +108,13 @@ def _trial(config: dict[str, Any], spec: _Spec) -> None:
         spec.experiment, config=merge_config(spec.experiment.config, config, spec.model_params)
     )
     kwargs = fit_kwargs(experiment, current_cluster())
-    if POOL.idle_s is None:  # Tune reuses this trial's actor: keep raytf's warm for the next
-        POOL.idle_s = DEFAULT_IDLE_S
+    if kwargs.get("checkpoint_dir"):  # a root: each trial checkpoints in its own directory
+        from ray import tune
+
+        trial_id = tune.get_context().get_trial_id()
+        kwargs["checkpoint_dir"] = os.path.join(kwargs["checkpoint_dir"], str(trial_id))
+    if POOL.idle_s is None and ENV not in os.environ:
+        POOL.idle_s = DEFAULT_IDLE_S  # Tune reuses this trial's actor: keep raytf's warm
     fit(**kwargs, callbacks=[_TuneReport(spec.target)], verbose=False)
 
 
@@ -189,26 +202,43 @@ def _scheduler(
         )
     if scheduler == "pbt" and not _mutations(space, params):
         raise ConfigError(
-            "scheduler='pbt' perturbs parameters of your model builder (e.g. lr) that the "
-            f"space samples; the space has {sorted(space)}, none of them such a parameter "
-            "with several values. Add one, e.g. space={'lr': tune.loguniform(1e-4, 1e-1)}."
+            "scheduler='pbt' perturbs float parameters of your model builder (e.g. lr) that "
+            f"the space samples; the space has {sorted(space)}, none of them such a parameter "
+            "with several float values. Add one, e.g. space={'lr': tune.loguniform(1e-4, "
+            "1e-1)}, or pass a ray.tune PopulationBasedTraining with hyperparam_mutations."
         )
     return scheduler
 
 
 def _mutations(space: Mapping[str, Any], params: frozenset) -> dict[str, Any]:
     """PBT's mutations: the model parameters the space varies (a grid as a list of choices)."""
-    from ray.tune.search.sample import Domain
+    from ray.tune.search.sample import Categorical, Float
 
     out: dict[str, Any] = {}
     for key, value in space.items():
         if key not in params:
             continue
+        # Only rates and the like: a clone restores the other trial's checkpoint, which a
+        # model of another shape (units, layers: integers, names) could not take.
         if _is_grid(value) and len(value["grid_search"]) > 1:
-            out[key] = list(value["grid_search"])
-        elif isinstance(value, Domain):
+            if all(_is_float(v) for v in value["grid_search"]):
+                out[key] = list(value["grid_search"])
+        elif isinstance(value, Float) or (
+            isinstance(value, Categorical) and all(_is_float(v) for v in value.categories)
+        ):
             out[key] = value
     return out
+
+
+def _clones(scheduler: Any) -> bool:
+    """Does ``scheduler`` restore trials from other trials' checkpoints (PBT, PB2)?"""
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    return scheduler == "pbt" or isinstance(scheduler, PopulationBasedTraining)
+
+
+def _is_float(value: Any) -> bool:
+    return isinstance(value, float)
 
 
 def _built(
@@ -226,13 +256,13 @@ def _built(
         population = num_samples
         for value in space.values():
             population *= len(value["grid_search"]) if _is_grid(value) else 1
-        # Every epoch is checkpointed and reported: trials compare (and clone) each epoch,
-        # all at the same epoch (synch), not a trial's early epoch against another's last.
-        # Tune's bottom quarter is nobody in a population under 4: at least one trial then.
+        # Every epoch is checkpointed and reported: a trial may clone another's each epoch.
+        # Asynchronous, as Tune's default: synchronous PBT pauses (stops and restarts) every
+        # trial at every perturbation. Pass a PopulationBasedTraining object for other
+        # settings. Tune's bottom quarter is nobody in a population under 4: one trial then.
         return PopulationBasedTraining(
             time_attr="training_iteration",
             perturbation_interval=1,
-            synch=True,
             hyperparam_mutations=_mutations(space, params),
             quantile_fraction=min(0.5, max(0.25, 1 / population)),
         )
@@ -245,8 +275,8 @@ def _search_alg(search_alg: Any, space: Mapping[str, Any]) -> Any:
 
     from ray.tune.search import SearchAlgorithm, Searcher
 
-    if search_alg is None:
-        return None
+    if search_alg is None or isinstance(search_alg, SearchAlgorithm):
+        return search_alg  # a SearchAlgorithm (BasicVariantGenerator) takes grids itself
     grids = sorted(k for k, v in space.items() if _is_grid(v))
     if grids:
         raise ConfigError(
@@ -254,7 +284,7 @@ def _search_alg(search_alg: Any, space: Mapping[str, Any]) -> Any:
             "which search algorithms do not take. Use tune.choice([...]) (or ranges such as "
             "tune.loguniform) and num_samples=N."
         )
-    if isinstance(search_alg, (Searcher, SearchAlgorithm)):
+    if isinstance(search_alg, Searcher):
         return search_alg
     if search_alg not in SEARCHERS:
         raise ConfigError(
@@ -397,11 +427,16 @@ def sweep(
             f"metric={metric!r} is a validation metric but no validation_data= was given; "
             "pass validation_data=, or rank by a training metric or 'throughput'."
         )
-    shared = sorted({"checkpoint_dir", "resume"} & (set(config) | set(space)))
-    if shared:
+    if "resume" in config or "resume" in space:
         raise ConfigError(
-            f"{shared} cannot be set for a sweep: every trial would write to (and resume "
-            "from) the same directory. Rerun the best configuration with checkpoints instead."
+            "resume is not a trial setting of a sweep: each trial resumes from its own Tune "
+            "checkpoint when Tune restarts it. To go on with an interrupted sweep, pass "
+            "raytf.sweep(..., resume=True) (CLI: --resume)."
+        )
+    if "checkpoint_dir" in space:
+        raise ConfigError(
+            "checkpoint_dir cannot vary in the space: it is the root under which each trial "
+            "checkpoints in its own directory; pass checkpoint_dir= outside the space."
         )
     scheduler = _scheduler(scheduler, metric, space, params, config)
     search_alg = _search_alg(search_alg, space)
@@ -412,6 +447,12 @@ def sweep(
     renv.check(config.get("runtime_env"))
     connect(address)
     cluster = current_cluster()
+    if _clones(scheduler) and len(cluster.nodes) > 1 and not config.get("checkpoint_dir"):
+        raise ConfigError(
+            f"PBT clones trials' checkpoints, which raytf's actors write on the nodes they run "
+            f"on: on this {len(cluster.nodes)}-node cluster pass checkpoint_dir= on storage "
+            "every node can read (NFS, a mounted bucket); each trial checkpoints under it."
+        )
     config = dict(config)
     if config.get("runtime_env"):  # uploaded once here: trials run in their own directories
         config["runtime_env"] = renv.for_actors(config["runtime_env"])
@@ -455,7 +496,14 @@ def sweep(
                 num_samples=num_samples,
                 max_concurrent_trials=max_concurrent_trials,
             ),
-            run_config=tune.RunConfig(storage_path=storage, name=name, verbose=1 if verbose else 0),
+            run_config=tune.RunConfig(
+                storage_path=storage,
+                name=name,
+                verbose=1 if verbose else 0,
+                # Every epoch reports a checkpoint: the newest two per trial are enough to
+                # restore, clone or resume.
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            ),
         )
     POOL.clear()  # this driver's warm actors would hold resources the trials need
     started = time.time()

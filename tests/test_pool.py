@@ -1,4 +1,5 @@
-"""Warm actors between runs (raytf/_internal/runtime/pool.py), on a real 2-CPU Ray."""
+"""Warm actors between runs, and spares for recoveries (raytf/_internal/runtime/pool.py), on
+a real 2-CPU Ray."""
 
 from __future__ import annotations
 
@@ -26,20 +27,30 @@ def two_cpus():
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     POOL.idle_s = None
+    POOL.clear()
     ray.shutdown()
 
 
-def run():
+def run(data=workloads.data, **kwargs):
     return raytf.fit(
-        workloads.mlp, workloads.data, layout=LAYOUT, global_batch_size=64, epochs=2, verbose=False
+        workloads.mlp,
+        data,
+        layout=LAYOUT,
+        global_batch_size=64,
+        epochs=2,
+        verbose=False,
+        **kwargs,
     )
 
 
-def gcs_actors(ids=None):
+def gcs_actors(ids):
     import ray
 
-    table = ray._private.state.actors()
-    return {i: a for i, a in table.items() if ids is None or i in ids}
+    return {i: a for i, a in ray._private.state.actors().items() if i in ids}
+
+
+def pids(ids) -> set[int]:
+    return {int(a["Pid"]) for a in gcs_actors(ids).values()}
 
 
 def wait_for(condition, what: str, timeout_s: float = 60.0):
@@ -50,56 +61,32 @@ def wait_for(condition, what: str, timeout_s: float = 60.0):
         time.sleep(0.1)
 
 
-def test_the_next_run_takes_fresh_warm_actors_and_trains_the_same(two_cpus):
+def test_warm_actors_serve_the_next_run_are_replaced_when_dead_and_expire(two_cpus):
+    from ray.util import placement_group_table
+
     first = run()
     warm = POOL.actor_ids()
-    assert len(warm) == 2 and alive_actors() == []  # only warm ones are left
+    assert len(warm) == 2 and alive_actors() == []  # only the warm ones are left
     second = run()
     # The second run's workers were the warm actors: processes that never served a run.
-    table = gcs_actors(warm)
-    assert sorted(int(a["Pid"]) for a in table.values()) == sorted(w.pid for w in second.workers)
+    assert pids(warm) == {w.pid for w in second.workers}
     assert not {w.pid for w in first.workers} & {w.pid for w in second.workers}
     # Nothing of the first run's TensorFlow state reached the second: the same weights.
     for a, b in zip(first.weights, second.weights, strict=True):
         np.testing.assert_array_equal(a, b)
-    assert POOL.actor_ids().isdisjoint(warm)  # and fresh ones wait for the next
 
-
-def test_a_warm_actor_that_died_is_replaced(two_cpus):
-    if not POOL.actor_ids():
-        run()
+    # A warm actor that died while idle is replaced; the other one serves.
     warm = POOL.actor_ids()
-    victim = next(iter(warm))
+    victim, survivor = sorted(warm)
     wait_for(lambda: gcs_actors({victim})[victim]["State"] == "ALIVE", "the warm actor started")
     os.kill(int(gcs_actors({victim})[victim]["Pid"]), signal.SIGKILL)
     wait_for(lambda: gcs_actors({victim})[victim]["State"] == "DEAD", "the kill was seen")
-    result = run()
-    assert result.epochs_trained == 2 and not result.failures
-    survivor = next(iter(warm - {victim}))
-    assert int(gcs_actors({survivor})[survivor]["Pid"]) in {w.pid for w in result.workers}
-
-
-def test_another_layout_releases_the_warm_group(two_cpus):
-    """The warm all-reduce group holds both CPUs; towers needs them: it must not wait."""
-    if not POOL.actor_ids():
-        run()
-    result = raytf.fit(
-        workloads.mlp,
-        workloads.data,
-        layout=raytf.InGraph(devices=2, strategy="towers"),
-        global_batch_size=64,
-        verbose=False,
-        timeouts=raytf.Timeouts(placement_s=20),
-    )
-    assert result.epochs_trained == 1
-
-
-def test_idle_warm_actors_go_away(two_cpus):
-    from ray.util import placement_group_table
-
     raytf.keep_warm(0.5)
     try:
-        run()
+        third = run()
+        assert third.epochs_trained == 2 and not third.failures
+        assert pids({survivor}) <= {w.pid for w in third.workers}
+        # Idle for 0.5 s, the group and its actors go away.
         warm = POOL.actor_ids()
         assert len(warm) == 2
         wait_for(lambda: len(POOL) == 0, "the warm group expired")
@@ -120,6 +107,32 @@ def test_idle_warm_actors_go_away(two_cpus):
         raytf.keep_warm(-1)
 
 
+def test_warm_groups_give_way_to_other_layouts_and_other_work(two_cpus):
+    """A warm group holds both CPUs for 10 minutes. Another layout gets them at once; then a
+    plain Ray actor asks for them and gets them: the watcher saw the pending demand."""
+    import ray
+
+    raytf.keep_warm(600)
+    try:
+        run()
+        assert len(POOL) == 1
+        towers = raytf.fit(
+            workloads.mlp,
+            workloads.data,
+            layout=raytf.InGraph(devices=2, strategy="towers"),
+            global_batch_size=64,
+            verbose=False,
+            timeouts=raytf.Timeouts(placement_s=20),
+        )
+        assert towers.epochs_trained == 1 and len(POOL) == 1  # towers' own group, now
+        hog = ray.remote(num_cpus=2)(type("Hog", (), {"ping": lambda self: 1})).remote()
+        assert ray.get(hog.ping.remote(), timeout=120) == 1
+        assert len(POOL) == 0
+        ray.kill(hog)
+    finally:
+        POOL.idle_s = None
+
+
 class SeeSpares(raytf.Callback):
     """Which spares wait when a failure is seen (the recovery should take them)."""
 
@@ -134,18 +147,12 @@ def test_a_recovery_takes_the_spares(two_cpus, tmp_path):
     """A worker SIGKILLed mid-run: the restarted group is the spares that had imported
     TensorFlow while the run trained, not new processes."""
     seen = SeeSpares()
-    result = raytf.fit(
-        workloads.mlp,
-        workloads.dying_data(str(tmp_path / "killed"), at_step=10),
-        layout=LAYOUT,
-        global_batch_size=64,
-        epochs=2,
+    result = run(
+        data=workloads.dying_data(str(tmp_path / "killed"), at_step=10),
         failures=raytf.FailurePolicy(max_failures=1),
         callbacks=[seen],
-        verbose=False,
     )
     assert len(result.failures) == 1 and result.epochs_trained == 2
     assert len(seen.spares) == 2
-    spare_pids = {int(a["Pid"]) for a in gcs_actors(seen.spares).values()}
-    assert spare_pids == {w.pid for w in result.workers}
+    assert pids(seen.spares) == {w.pid for w in result.workers}
     assert POOL.spare_ids() == set()  # the run is over: its spares went with it

@@ -42,6 +42,7 @@ FIT_KEYS = frozenset(
         "validation_steps",
         "checkpoint_dir",
         "checkpoint_every",
+        "keep_checkpoints",
         "resume",
         "seed",
         "steps_per_execution",

@@ -11,6 +11,8 @@ checkpoints live in a temporary directory of the trial's node, removed when ``fi
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import re
 import shutil
@@ -19,12 +21,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytf.callbacks import Callback
+from raytf.errors import ConfigError
+
+RESTORE_PREFIX = "raytf-tune-restore-"
 
 #: TensorFlow's checkpoint state file, in every directory a CheckpointManager writes.
 STATE = "checkpoint"
-#: Not part of a checkpoint: TensorBoard scalars, other workers' scratch copies.
-SKIP = re.compile(r"^(summaries|\.scratch-.*)$")
-RESTORE_PREFIX = "raytf-tune-restore-"
+#: In every Tune checkpoint raytf reports: the epoch, and what a restored trial carries on.
+MARKER = "raytf.json"
+#: Where a restored trial's checkpoint goes inside a user's checkpoint_dir (replaced each time).
+RESTORED = "tune-restored"
+#: Not part of a checkpoint: TensorBoard scalars, other workers' scratch copies, restores.
+SKIP = re.compile(rf"^(summaries|\.scratch-.*|{RESTORED}|{RESTORE_PREFIX}.*)$")
+
+logger = logging.getLogger("raytf")
+
+
+class _Reported:
+    """The Tune checkpoint raytf's last report left as the trial's: a second ``fit`` in the
+    same trial function must not take it for a restore."""
+
+    last: Any = None
 
 
 def in_trial() -> bool:
@@ -48,6 +65,7 @@ class TrialCheckpoints:
     keep: int
     temporary: list[str] = field(default_factory=list)
     restored_from_tune: bool = False
+    carried: dict[str, Any] = field(default_factory=dict)  # from the restored checkpoint
 
     def cleanup(self) -> None:
         for path in self.temporary:
@@ -60,28 +78,63 @@ def setup(checkpoint_dir: str | None, resume: bool, keep: int, shared: bool) -> 
     the actors may run on other nodes, so a temporary directory on this one would not do."""
     from ray import tune
 
-    tune_checkpoint = tune.get_checkpoint()
-    temporary: list[str] = []
-    if tune_checkpoint is not None:
-        if checkpoint_dir:
-            os.makedirs(checkpoint_dir, exist_ok=True)
-        target = tempfile.mkdtemp(prefix=RESTORE_PREFIX, dir=checkpoint_dir or None)
-        if not checkpoint_dir:
-            temporary.append(target)
-        tune_checkpoint.to_directory(target)
-        return TrialCheckpoints(target, True, keep, temporary, restored_from_tune=True)
+    given = tune.get_checkpoint()
+    if given is not None and given is not _Reported.last:  # not an earlier fit's, this run
+        restored = _restore(given, checkpoint_dir, keep, shared)
+        if restored is not None:
+            return restored
     if checkpoint_dir or shared:
+        if shared and not checkpoint_dir:
+            logger.warning(
+                "raytf: this Tune trial reports metrics but no checkpoints: its actors may run "
+                "on other nodes than the trial, so they need checkpoint_dir= on storage every "
+                "node can read (PBT, FailureConfig retries and Tuner.restore need checkpoints)."
+            )
         return TrialCheckpoints(checkpoint_dir, resume, keep)
     target = tempfile.mkdtemp(prefix="raytf-trial-")
     # Only the newest is ever reported: keeping more in a scratch directory is waste.
     return TrialCheckpoints(target, False, 1, [target])
 
 
+def _restore(
+    given: Any, checkpoint_dir: str | None, keep: int, shared: bool
+) -> TrialCheckpoints | None:
+    """Tune's checkpoint copied where the run resumes from; None if it is not raytf's."""
+    if shared and not checkpoint_dir:
+        raise ConfigError(
+            "Tune restored this trial from a checkpoint, but its raytf actors may run on "
+            "other nodes, which cannot read a copy on this one: pass checkpoint_dir= on "
+            "storage every node can read (raytf.sweep(checkpoint_dir=...) for a sweep)."
+        )
+    temporary = []
+    if checkpoint_dir:
+        target = os.path.join(checkpoint_dir, RESTORED)
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(target)
+    else:
+        target = tempfile.mkdtemp(prefix=RESTORE_PREFIX)
+        temporary.append(target)
+    given.to_directory(target)
+    marker = os.path.join(target, MARKER)
+    if not os.path.exists(marker):
+        logger.warning(
+            "raytf: the trial's Tune checkpoint was not written by raytf.fit (no %s): "
+            "training starts from scratch.",
+            MARKER,
+        )
+        for path in temporary:
+            shutil.rmtree(path, ignore_errors=True)
+        return None
+    with open(marker) as f:
+        carried = json.load(f).get("carried", {})
+    return TrialCheckpoints(target, True, keep, temporary, True, carried)
+
+
 def newest_only(root: str, into: str) -> str:
     """Copy the newest checkpoint of every checkpoint directory under ``root`` (the chief's,
     each parameter server shard's) into ``into``, with state files naming only it."""
     for here, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if not SKIP.match(d) and not d.startswith(RESTORE_PREFIX)]
+        dirs[:] = [d for d in dirs if not SKIP.match(d)]
         target = os.path.join(into, os.path.relpath(here, root))
         if STATE not in files:
             continue
@@ -104,16 +157,22 @@ def newest_only(root: str, into: str) -> str:
 class TuneReporter(Callback):
     """Reports each epoch's logs to Tune, with a Tune checkpoint at the run's checkpoints.
 
-    ``raytf.fit`` adds one when it runs inside a trial; pass your own subclass in
-    ``callbacks=`` to add metrics (override :meth:`extra`) and fit uses it instead.
+    ``raytf.fit`` adds one when it runs inside a trial (``raytf.sweep`` passes a subclass
+    with more values: :meth:`extra`, and :meth:`carry` for what a restored trial goes on
+    counting from).
     """
 
     def __init__(self) -> None:
         self.directory: str | None = None  # the run's checkpoint_dir, set by fit
+        self.carried: dict[str, Any] = {}  # what the checkpoint it resumed from carried
         self._checkpoint: str | None = None
 
     def extra(self, epoch: int, logs: dict[str, float]) -> dict[str, Any]:
         """More values for this epoch's report."""
+        return {}
+
+    def carry(self, report: dict[str, Any]) -> dict[str, Any]:
+        """Values of ``report`` a trial restored from this checkpoint goes on from."""
         return {}
 
     def on_checkpoint(self, epoch: int, path: str) -> None:
@@ -130,7 +189,10 @@ class TuneReporter(Callback):
         staged = tempfile.mkdtemp(prefix="raytf-tune-report-")
         try:
             newest_only(self.directory, staged)
+            with open(os.path.join(staged, MARKER), "w") as f:
+                json.dump({"epoch": epoch + 1, "carried": self.carry(metrics)}, f)
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(staged))
+            _Reported.last = tune.get_checkpoint()  # Tune's persisted copy, now the trial's
         finally:  # Tune copied it to the trial's storage during report
             with contextlib.suppress(OSError):
                 shutil.rmtree(staged)

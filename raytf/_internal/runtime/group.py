@@ -203,7 +203,8 @@ class ActorGroup:
 
     def _spec(self, member: Member) -> Spec:
         index = self.offset + member.bundle_index
-        return (index, member.cls, member.name, member.args, env_key(self.runtime_env))
+        bundle = tuple(sorted(self.bundles[member.bundle_index].items()))
+        return (index, member.cls, member.name, member.args, env_key(self.runtime_env), bundle)
 
     def _start(self, member: Member) -> Any:
         spec = self._spec(member)
@@ -287,6 +288,8 @@ class ActorGroup:
                 if on_lost is not None and (is_watched or (own_death and recoverable(error))):
                     (watched if is_watched else pending)[on_lost(member, error)] = member
                     continue
+                if isinstance(error, Preempted) and pending:
+                    raise self._orderly(error, pending, deadline) from None
                 raise self._cause(error, own_death, pending, watched, look_for_peers) from None
             if is_watched:  # a watched call returned: that member stopped serving
                 error = WorkerError(
@@ -298,6 +301,25 @@ class ActorGroup:
                 continue
             results[member] = value
         return results
+
+    @staticmethod
+    def _orderly(first: Preempted, pending: Mapping[Any, Member], deadline: float) -> Preempted:
+        """A preemption is orderly: every worker checkpoints at the agreed step, then raises.
+        Wait for the others before the group is stopped (the chief may still be writing the
+        checkpoint a recovery restores), and report the one naming the checkpoint."""
+        best, left = first, list(pending)
+        while left:
+            timeout = max(0.0, deadline - time.monotonic())
+            ready, left = ray.wait(left, num_returns=1, timeout=timeout)
+            if not ready:
+                break
+            try:
+                ray.get(ready[0])
+            except Exception as exc:
+                other = unwrap(exc, pending[ready[0]].name)
+                if isinstance(other, Preempted) and other.checkpoint and not best.checkpoint:
+                    best = other
+        return best
 
     @classmethod
     def _cause(

@@ -75,6 +75,7 @@ class RayPlacer:
         from ray.util.placement_group import remove_placement_group
 
         if placement is not None and not POOL.keeps(placement):
+            POOL.forget(placement)
             remove_placement_group(placement)
 
     def has_free(self, bundles: list[dict[str, float]]) -> bool:

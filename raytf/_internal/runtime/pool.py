@@ -7,7 +7,9 @@ run's TensorFlow state can reach the next) and a fresh actor of the same class, 
 bundle is started in each one's place, on the placement group the run held, which is kept.
 The next run whose layout needs the same bundles takes the group and these actors instead of
 reserving and starting its own; a run needing other bundles releases them first. Unused for
-``idle_s`` they are stopped and the resources go back to Ray.
+``idle_s`` they are stopped and the resources go back to Ray, and at once when anything else
+asks Ray for resources it cannot have (a watcher reads the cluster's pending demand): a warm
+group never keeps other work waiting.
 
 Inside a Tune trial the group is the trial's: the actors wait in it for the next trial that
 Tune runs in the same trial actor (``reuse_actors``, which ``raytf.sweep`` turns on).
@@ -24,9 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,10 +39,16 @@ from typing import Any
 #: variable says otherwise.
 DEFAULT_IDLE_S = 60.0
 ENV = "RAYTF_KEEP_WARM_S"
+#: How often the watcher looks for work waiting on resources that warm groups hold.
+WATCH_S = 0.5
+#: Above this, a timer cannot wait (threading's limit): "keep for ever" is not offered.
+MAX_IDLE_S = 1e6
 
 #: What identifies a warm actor: (bundle index in its group, class, name, constructor args,
-#: runtime_env as JSON).
-Spec = tuple[int, type, str, tuple, str]
+#: runtime_env as JSON, the bundle's resources).
+Spec = tuple[int, type, str, tuple, str, tuple]
+
+logger = logging.getLogger("raytf")
 
 
 def env_key(runtime_env: dict[str, Any] | None) -> str:
@@ -100,13 +110,17 @@ def _frozen(bundles: Sequence[dict[str, float]]) -> tuple[tuple[tuple[str, float
 class Lease:
     """A run's claim on a warm group's actors, until its spawning is over."""
 
-    def __init__(self, pool: WarmPool, warm: _Warm | None) -> None:
+    def __init__(self, pool: WarmPool, warm: _Warm | None, only: int | None = None) -> None:
         self.pool = pool
         self.warm = warm
         # Asked now, all at once: an actor that died while idle answers with its death.
         self.pings = {}
         if warm is not None:
-            self.pings = {i: a.__ray_ready__.remote() for i, (_, a) in warm.actors.items()}
+            self.pings = {
+                i: actor.__ray_ready__.remote()
+                for i, (_, actor) in warm.actors.items()
+                if only is None or i == only
+            }
 
     def take(self, spec: Spec) -> Any:
         """The warm actor for ``spec``, or None (then nothing holds its bundle any more)."""
@@ -118,7 +132,7 @@ class Lease:
             return None
         parked, actor = found
         if parked != spec or not _alive(self.pings.get(spec[0])):
-            self.pool.kill(actor)  # another class, name or environment, or it died idle
+            self.pool.kill(actor)  # another kind of member, or it died idle
             return None
         return actor
 
@@ -151,13 +165,28 @@ def _alive(ping: Any) -> bool:
     return True
 
 
+def _session() -> Any:
+    """This process's Ray session (None without one): a new ``ray.init`` makes a new one."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        return ray._private.worker.global_worker.node.session_name
+    except AttributeError:  # no node object in this process: the next best key
+        context = ray.get_runtime_context()
+        return (context.gcs_address, context.get_job_id())
+
+
 class WarmPool:
     """This driver's warm groups; see the module docstring. Thread-safe (timers expire)."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._warm: list[_Warm] = []
+        self._warm: list[_Warm] = []  # parked: waiting for a run (or a run's spares)
+        self._taken: dict[Any, _Warm] = {}  # placement id: taken by a run, not yet leased
         self._session: Any = None
+        self._watcher: threading.Thread | None = None
         self.idle_s: float | None = None  # None: the environment variable, else the default
 
     # ------------------------------------------------------------------ policy
@@ -166,23 +195,19 @@ class WarmPool:
             return self.idle_s
         raw = os.environ.get(ENV)
         try:
-            return max(0.0, float(raw)) if raw else DEFAULT_IDLE_S
+            value = float(raw) if raw else DEFAULT_IDLE_S
         except ValueError:
             return DEFAULT_IDLE_S
+        return value if 0 <= value < MAX_IDLE_S else DEFAULT_IDLE_S
 
     def _check_session(self) -> None:
         """Warm groups belong to one Ray session: after a shutdown they are gone."""
-        import ray
-
-        session = None
-        if ray.is_initialized():
-            context = ray.get_runtime_context()
-            session = (context.gcs_address, context.get_job_id())
+        session = _session()
         if session != self._session:
             for warm in self._warm:
                 if warm.timer is not None:
                     warm.timer.cancel()
-            self._warm = []
+            self._warm, self._taken = [], {}
             self._session = session
 
     # ------------------------------------------------------------------ runs
@@ -192,29 +217,31 @@ class WarmPool:
         with self._lock:
             self._check_session()
             frozen = _frozen(bundles)
-            for warm in self._warm:
-                if (
-                    warm.owned
-                    and not warm.spare
-                    and warm.bundles == frozen
-                    and warm.strategy == strategy
-                ):
+            for warm in self._parked(owned=True):
+                if warm.bundles == frozen and warm.strategy == strategy:
                     self._hold(warm)
+                    self._warm.remove(warm)  # no timer can expire it from here on
+                    self._taken[warm.placement.id] = warm
                     return warm.placement
-            for warm in [w for w in self._warm if w.owned and not w.spare]:
+            for warm in self._parked(owned=True):
                 self._expire(warm)
             return None
 
     def lease(self, placement: Any) -> Lease:
         """The warm actors on ``placement`` (a group just taken, or a Tune trial's)."""
+        if placement is None:
+            return Lease(self, None)
         with self._lock:
             self._check_session()
-            for warm in self._warm:
-                if placement is not None and not warm.spare and warm.placement.id == placement.id:
-                    self._hold(warm)
-                    self._warm.remove(warm)
-                    return Lease(self, warm)
-            return Lease(self, None)
+            warm = self._taken.pop(placement.id, None)
+            if warm is None:
+                for parked in self._parked():
+                    if parked.placement == placement:
+                        warm = parked
+                        self._hold(parked)
+                        self._warm.remove(parked)
+                        break
+            return Lease(self, warm)
 
     def park(
         self,
@@ -235,16 +262,22 @@ class WarmPool:
             # actor (raytf.sweep does, and says so here): otherwise the start is waste.
             return False
         warm = _Warm(placement, _frozen(bundles), strategy, owned)
-        for spec, bundle in members:
-            index, cls, name, args, _ = spec
-            actor = start_actor(cls, name, args, bundle, placement, index, runtime_env)
-            warm.actors[index] = (spec, actor)
+        try:
+            for spec, bundle in members:
+                index, cls, name, args = spec[:4]
+                actor = start_actor(cls, name, args, bundle, placement, index, runtime_env)
+                warm.actors[index] = (spec, actor)
+        except Exception:  # the run is done: a failure here only means nothing is kept
+            logger.warning("raytf: could not start warm actors; releasing.", exc_info=True)
+            for _, actor in warm.actors.values():
+                self.kill(actor)
+            return False
         with self._lock:
             self._check_session()
-            warm.timer = threading.Timer(idle, self._on_timer, args=(warm,))
-            warm.timer.daemon = True
+            self._start_timer(warm, idle)
             self._warm.append(warm)
-            warm.timer.start()
+            if owned:
+                self._watch()
         return True
 
     def add_spares(
@@ -259,20 +292,26 @@ class WarmPool:
             return 0
         with self._lock:
             self._check_session()
-            if any(w.spare and w.placement.id == placement.id for w in self._warm):
+            if any(w.placement == placement for w in self._parked(spare=True)):
                 return 0
         warm = _Warm(placement, (), "", owned=False, spare=True)
-        for spec, bundle in members:
-            if bundle.get("GPU"):
-                continue
-            index, cls, name, args, _ = spec
-            # Ray sets OMP_NUM_THREADS from the CPUs an actor asks for (1 for none): the
-            # member's count, as its replacement would have had.
-            threads = str(max(1, math.floor(bundle.get("CPU", 1))))
-            env = dict(runtime_env or {})
-            env["env_vars"] = {"OMP_NUM_THREADS": threads, **env.get("env_vars", {})}
-            actor = start_actor(cls, name, args, {}, placement, index, env)
-            warm.actors[index] = (spec, actor)
+        try:
+            for spec, bundle in members:
+                if bundle.get("GPU"):
+                    continue
+                index, cls, name, args = spec[:4]
+                # Ray sets OMP_NUM_THREADS from the CPUs an actor asks for (1 for none): the
+                # member's count, as its replacement would have had.
+                threads = str(max(1, math.floor(bundle.get("CPU", 1))))
+                env = dict(runtime_env or {})
+                env["env_vars"] = {"OMP_NUM_THREADS": threads, **env.get("env_vars", {})}
+                actor = start_actor(cls, name, args, {}, placement, index, env)
+                warm.actors[index] = (spec, actor)
+        except Exception:  # spares only save time: the run goes on without
+            logger.warning("raytf: could not start spare actors.", exc_info=True)
+            for _, actor in warm.actors.values():
+                self.kill(actor)
+            return 0
         if not warm.actors:
             return 0
         with self._lock:
@@ -284,9 +323,9 @@ class WarmPool:
         if placement is None:
             return None
         with self._lock:
-            for warm in self._warm:
-                if warm.spare and warm.placement.id == placement.id:
-                    actor = Lease(self, warm).take(spec)
+            for warm in self._parked(spare=True):
+                if warm.placement == placement:
+                    actor = Lease(self, warm, only=spec[0]).take(spec)
                     if not warm.actors:
                         self._warm.remove(warm)
                     return actor
@@ -297,29 +336,43 @@ class WarmPool:
         if placement is None:
             return
         with self._lock:
-            for warm in [w for w in self._warm if w.spare and w.placement.id == placement.id]:
+            for warm in [w for w in self._parked(spare=True) if w.placement == placement]:
                 self._warm.remove(warm)
                 for _, actor in warm.actors.values():
                     self.kill(actor)
 
     def make_room(self, cpus: float) -> None:
         """Ray work of this driver's own (Ray Data reads, scoring actors) needs ``cpus``: if
-        warm actors hold them, release these rather than leave the work waiting."""
+        warm groups of raytf's own hold them, release these rather than leave it waiting."""
         import ray
 
-        if len(self) and ray.available_resources().get("CPU", 0.0) < cpus:
-            self.clear()
+        with self._lock:
+            self._check_session()
+            owned = self._parked(owned=True)
+        if owned and ray.available_resources().get("CPU", 0.0) < cpus:
+            with self._lock:
+                for warm in owned:
+                    if warm in self._warm:
+                        self._expire(warm)
+
+    def forget(self, placement: Any) -> None:
+        """``placement`` is being removed: a taken group's actors that no run leased go."""
+        with self._lock:
+            warm = self._taken.pop(getattr(placement, "id", None), None)
+        if warm is not None:
+            for _, actor in warm.actors.values():
+                self.kill(actor)
 
     def keeps(self, placement: Any) -> bool:
         """Is ``placement`` kept warm (so its run must not remove it)?"""
         with self._lock:
-            return any(w.placement is placement and not w.spare for w in self._warm)
+            return any(w.placement == placement for w in self._parked())
 
     def clear(self) -> None:
         """Stop every warm actor and release every kept group (Tune needs the room)."""
         with self._lock:
             self._check_session()
-            for warm in list(self._warm):
+            for warm in self._parked():
                 self._expire(warm)
 
     def actor_ids(self) -> set[str]:
@@ -330,29 +383,72 @@ class WarmPool:
         """Ray ids of the spares waiting for a running run's recovery."""
         return self._ids(spare=True)
 
+    def __len__(self) -> int:
+        """Warm groups kept for the next run."""
+        with self._lock:
+            return len(self._parked())
+
+    # ------------------------------------------------------------------ helpers
+    def _parked(self, owned: bool | None = None, spare: bool = False) -> list[_Warm]:
+        return [w for w in self._warm if w.spare == spare and (owned is None or w.owned == owned)]
+
     def _ids(self, spare: bool) -> set[str]:
         with self._lock:
             return {
                 actor._actor_id.hex()
-                for w in self._warm
-                if w.spare == spare
+                for w in self._parked(spare=spare)
                 for _, actor in w.actors.values()
             }
 
-    def __len__(self) -> int:
-        """Warm groups kept for the next run."""
-        with self._lock:
-            return sum(not w.spare for w in self._warm)
+    def _watch(self) -> None:
+        """Start the watcher of pending demand, unless one runs (called with the lock)."""
+        if self._watcher is None or not self._watcher.is_alive():
+            self._watcher = threading.Thread(target=self._watching, daemon=True)
+            self._watcher.start()
 
-    # ------------------------------------------------------------------ helpers
+    def _watching(self) -> None:
+        """While raytf keeps groups of its own, release them as soon as Ray has work it
+        cannot place (a task, an actor or a placement group waiting for resources)."""
+        try:
+            import ray
+            from ray.autoscaler.v2.sdk import get_cluster_status
+
+            address = ray.get_runtime_context().gcs_address
+        except Exception:  # no status API here: the idle timer alone releases
+            return
+        session = self._session
+        while True:
+            time.sleep(WATCH_S)  # a poll of Ray's state, in the background
+            with self._lock:
+                gone = not ray.is_initialized() or session != _session()
+                if gone or session != self._session or not self._parked(owned=True):
+                    return
+            try:
+                demand = get_cluster_status(address).resource_demands
+            except Exception:
+                continue
+            if demand.placement_group_demand or demand.ray_task_actor_demand:
+                with self._lock:
+                    if session == self._session:
+                        for warm in self._parked(owned=True):
+                            self._expire(warm)
+
+    def _start_timer(self, warm: _Warm, idle: float) -> None:
+        timer = threading.Timer(idle, self._on_timer, args=(warm,))
+        timer.daemon = True
+        warm.timer = timer
+        timer.start()
+
     def _hold(self, warm: _Warm) -> None:
         if warm.timer is not None:
             warm.timer.cancel()
             warm.timer = None
 
     def _on_timer(self, warm: _Warm) -> None:
+        timer = threading.current_thread()
         with self._lock:
-            if warm in self._warm:
+            # Taken (or re-armed) since this timer fired: not this timer's to expire.
+            if warm.timer is timer and warm in self._warm and _session() == self._session:
                 self._expire(warm)
 
     def _expire(self, warm: _Warm) -> None:

@@ -21,6 +21,8 @@ import tensorflow as tf
 from raytf.errors import ConfigError
 
 KEEP = 3
+#: The checkpoint key of the builder's learning rate.
+RATE = "built_learning_rate"
 
 
 class Checkpoints:
@@ -46,8 +48,11 @@ class Checkpoints:
             return
         self.rate = BuiltRate(trackables.get("optimizer"))
         self.checkpoint = tf.train.Checkpoint(
-            epoch=self.epoch, step=self.step, built_learning_rate=self.rate.variable, **trackables
+            epoch=self.epoch, step=self.step, **{RATE: self.rate.variable}, **trackables
         )
+        # Restored without the rate (read on its own), so checkpoints written before it
+        # existed still match the model.
+        self.restorer = tf.train.Checkpoint(epoch=self.epoch, step=self.step, **trackables)
         if is_chief:  # TensorBoard scalars, one point per epoch
             # tensorboardX (a Ray Tune dependency): tensorflow-cpu ships without TensorBoard.
             from tensorboardX import SummaryWriter
@@ -60,10 +65,10 @@ class Checkpoints:
         """Restore the newest readable checkpoint: (epoch, step in epoch) to go on from."""
         if self.manager is None:
             return 0, 0
-        self.restored, self.skipped = restore_newest_valid(self.checkpoint, self.directory)
+        self.restored, self.skipped = restore_newest_valid(self.restorer, self.directory)
         if self.restored is None:
             return 0, 0
-        self.rate.after_restore()
+        self.rate.after_restore(self.restored)
         return int(self.epoch.numpy()), int(self.step.numpy())
 
     def save(self, epoch: int, step: int, number: int) -> str | None:
@@ -97,11 +102,14 @@ class BuiltRate:
         value = float("nan") if self.built is None else self.built
         self.variable = tf.Variable(value, dtype=tf.float64, trainable=False, name="raytf_lr")
 
-    def after_restore(self) -> None:
-        saved = float(self.variable.numpy())
+    def after_restore(self, path: str) -> None:
+        """``path`` was restored (without the rate): keep the builder's if it is new."""
+        try:
+            saved = float(tf.train.load_variable(path, f"{RATE}/.ATTRIBUTES/VARIABLE_VALUE"))
+        except (tf.errors.NotFoundError, ValueError):  # written before raytf saved the rate
+            return
         if self.built is not None and saved == saved and abs(saved - self.built) > 1e-12:
             self.optimizer.learning_rate = self.built  # a new rate from the builder: keep it
-        self.variable.assign(float("nan") if self.built is None else self.built)
 
 
 def restore_newest_valid(

@@ -153,17 +153,19 @@ class ParameterShard:
         self.restored: str | None = None
         if not directory:
             return 0, 0, 0
-        from raytf._internal.worker.checkpoints import BuiltRate
+        from raytf._internal.worker.checkpoints import RATE, BuiltRate
 
         rate = BuiltRate(self.optimizer)
-        ckpt = tf.train.Checkpoint(
+        state = dict(
             variables=dict(zip([_safe(n) for n in self.names], self.own)),
             optimizer=self.optimizer,
-            built_learning_rate=rate.variable,
             epoch=self._epoch,
             step=self._step,
             version=self._version,
         )
+        # Saved with the builder's rate; restored without it (read on its own), so shards
+        # written before raytf saved it still match.
+        ckpt = tf.train.Checkpoint(**state, **{RATE: rate.variable})
         path = os.path.join(directory, f"ps-{self.index}")
         self._manager = tf.train.CheckpointManager(ckpt, path, max_to_keep=keep)
         listing = os.path.join(path, "variables.json")
@@ -177,8 +179,8 @@ class ParameterShard:
                     "with the settings that wrote it, or use a new checkpoint_dir."
                 )
             self.restored = self._manager.latest_checkpoint
-            ckpt.restore(self.restored).assert_existing_objects_matched()
-            rate.after_restore()
+            tf.train.Checkpoint(**state).restore(self.restored).assert_existing_objects_matched()
+            rate.after_restore(self.restored)
         os.makedirs(path, exist_ok=True)
         with open(listing, "w") as f:
             json.dump(self.names, f)
