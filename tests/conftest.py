@@ -15,6 +15,10 @@ cloudpickle.register_pickle_by_value(workloads)
 # stand-ins for them. Without it, an actor given GPUs that TensorFlow cannot see fails fast
 # (test_gpu_contracts.py checks that). Set before any Ray starts, so every node inherits it.
 os.environ["RAYTF_CPU_STANDIN"] = "1"
+# Warm actors off for the suite: every run would start its successors' processes on this
+# 2-core machine while the next test mostly wants another layout. test_pool.py turns them on
+# (raytf.keep_warm, which wins over this) and tests them there.
+os.environ["RAYTF_KEEP_WARM_S"] = "0"
 
 WATCHED = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "RAY_ADDRESS")
 

@@ -139,7 +139,7 @@ class FakeGroup:
     def shutdown(self, park=False):
         FakeGroup.shutdowns.append(1)
 
-    def start_spares(self):
+    def start_spares(self, may_recover):
         return 0
 
     def drop_spares(self):

@@ -25,6 +25,7 @@ def two_cpus():
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    raytf.keep_warm(60)  # the default, which conftest turns off for the rest of the suite
     yield ray
     POOL.idle_s = None
     POOL.clear()
@@ -102,7 +103,7 @@ def test_warm_actors_serve_the_next_run_are_replaced_when_dead_and_expire(two_cp
         run()
         assert len(POOL) == 0 and alive_actors() == []  # off: nothing is kept
     finally:
-        POOL.idle_s = None
+        raytf.keep_warm(60)
     with pytest.raises(raytf.ConfigError, match="keep_warm takes seconds >= 0"):
         raytf.keep_warm(-1)
 
@@ -130,7 +131,7 @@ def test_warm_groups_give_way_to_other_layouts_and_other_work(two_cpus):
         assert len(POOL) == 0
         ray.kill(hog)
     finally:
-        POOL.idle_s = None
+        raytf.keep_warm(60)
 
 
 class SeeSpares(raytf.Callback):

@@ -189,7 +189,7 @@ class Controller:
         if not run.announced:
             announce(run, self, built, job)
         run.checkpoint_at = (position, time.time())
-        if len(run.failures) < self.policy.max_failures and group.start_spares():
+        if group.start_spares(len(run.failures) < self.policy.max_failures):
             self.spares_on = group  # a recovery takes them instead of starting cold (pool.py)
         return State.TRAIN
 

@@ -367,8 +367,11 @@ class ActorGroup:
                 continue
         return None
 
-    def start_spares(self) -> int:
-        """Spares for a run that may recover (see pool.py); how many were started."""
+    def start_spares(self, may_recover: bool) -> int:
+        """Spares for a run that may recover, or whose group will be kept warm (they become
+        the warm actors, already warm: see pool.py); how many were started."""
+        if not may_recover and not POOL.parking(self.owned):
+            return 0
         specs = [(self._spec(m), self.bundles[m.bundle_index]) for m in self.members]
         return POOL.add_spares(self.placement, specs, self.runtime_env)
 
@@ -386,8 +389,7 @@ class ActorGroup:
                 ray.kill(member.actor, no_restart=True)
         self.members = []
         if park and specs and self.placement is not None:
-            self.drop_spares()  # the run is over; warm actors with their resources instead
-            POOL.park(
+            POOL.park(  # the run's spares become the warm actors (pool.py)
                 self.placement,
                 self.owned,
                 self.placement.bundle_specs,

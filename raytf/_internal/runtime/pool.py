@@ -14,12 +14,15 @@ group never keeps other work waiting.
 Inside a Tune trial the group is the trial's: the actors wait in it for the next trial that
 Tune runs in the same trial actor (``reuse_actors``, which ``raytf.sweep`` turns on).
 
-Spares: a run that may recover (``FailurePolicy(max_failures>0)``) keeps one fresh actor per
-member on CPU-only bundles, asking for no resources of their own (the bundle's are the
-member's until it dies, and then free for its replacement). A recovery, which restarts every
-member, takes them instead of importing TensorFlow again, and new spares start once it
-trains. A GPU bundle has none: Ray gives a GPU (and ``CUDA_VISIBLE_DEVICES``) only to an
-actor that asks for it when it is created, so its replacement starts cold.
+Spares: while a run trains, one fresh actor per member on a CPU-only bundle waits beside
+it, asking for no resources of its own (the bundle's are the member's until it dies or the
+run ends, and then free for its successor). A recovery, which restarts every member, takes
+them instead of importing TensorFlow again (new spares start once it trains); a run that
+ends well hands them on as the warm actors, already warm when the next run comes at once (a
+sweep's next trial). They are started for runs that may recover or whose group will be kept.
+A GPU bundle has none: Ray gives a GPU (and ``CUDA_VISIBLE_DEVICES``) only to an actor that
+asks for it when it is created, so its warm actor starts when the run ends, and a recovered
+GPU member starts cold.
 """
 
 from __future__ import annotations
@@ -252,21 +255,29 @@ class WarmPool:
         members: Sequence[tuple[Spec, dict[str, float]]],
         runtime_env: dict[str, Any] | None,
     ) -> bool:
-        """Start a fresh actor for each member on its bundle and keep ``placement`` for the
-        next run. False (and nothing kept) when warm actors are turned off."""
-        idle = self.idle_seconds()
-        if idle <= 0 or placement is None:
+        """Keep ``placement`` for the next run, with a fresh actor for each member on its
+        bundle: the run's spare for it (started while it trained, so already warm), else a
+        new one. False (and nothing kept) when warm actors are turned off."""
+        if not self.parking(owned) or placement is None:
+            self.drop_spares(placement)
             return False
-        if not owned and self.idle_s is None and ENV not in os.environ:
-            # A Tune trial's group outlives the trial only when Tune reuses the trial's
-            # actor (raytf.sweep does, and says so here): otherwise the start is waste.
-            return False
+        with self._lock:
+            spares: dict[int, tuple[Spec, Any]] = {}
+            for entry in [w for w in self._parked(spare=True) if w.placement == placement]:
+                self._warm.remove(entry)
+                spares.update(entry.actors)
         warm = _Warm(placement, _frozen(bundles), strategy, owned)
         try:
             for spec, bundle in members:
                 index, cls, name, args = spec[:4]
+                spare = spares.pop(index, None)
+                if spare is not None and spare[0] == spec:
+                    warm.actors[index] = spare
+                    continue
                 actor = start_actor(cls, name, args, bundle, placement, index, runtime_env)
                 warm.actors[index] = (spec, actor)
+            for _, actor in spares.values():  # of members this run no longer has
+                self.kill(actor)
         except Exception:  # the run is done: a failure here only means nothing is kept
             logger.warning("raytf: could not start warm actors; releasing.", exc_info=True)
             for _, actor in warm.actors.values():
@@ -274,11 +285,19 @@ class WarmPool:
             return False
         with self._lock:
             self._check_session()
-            self._start_timer(warm, idle)
+            self._start_timer(warm, self.idle_seconds())
             self._warm.append(warm)
             if owned:
                 self._watch()
         return True
+
+    def parking(self, owned: bool) -> bool:
+        """Will a run that ends well on a group (``owned`` or a Tune trial's) keep it warm?"""
+        if self.idle_seconds() <= 0:
+            return False
+        # A Tune trial's group outlives the trial only when Tune reuses the trial's actor
+        # (raytf.sweep does, and says so here): otherwise the start would be waste.
+        return owned or self.idle_s is not None or ENV in os.environ
 
     def add_spares(
         self,
