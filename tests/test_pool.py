@@ -99,9 +99,7 @@ def test_warm_actors_serve_the_next_run_are_replaced_when_dead_and_expire(two_cp
             lambda: all(g["state"] == "REMOVED" for g in placement_group_table().values()),
             "the group was released",
         )
-        raytf.keep_warm(0)
-        run()
-        assert len(POOL) == 0 and alive_actors() == []  # off: nothing is kept
+        assert alive_actors() == []
     finally:
         raytf.keep_warm(60)
     with pytest.raises(raytf.ConfigError, match="keep_warm takes seconds >= 0"):
@@ -156,4 +154,10 @@ def test_a_recovery_takes_the_spares(two_cpus, tmp_path):
     assert len(result.failures) == 1 and result.epochs_trained == 2
     assert len(seen.spares) == 2
     assert pids(seen.spares) == {w.pid for w in result.workers}
-    assert POOL.spare_ids() == set()  # the run is over: its spares went with it
+    assert POOL.spare_ids() == set()  # the run is over: its spares are the warm ones now
+    assert len(POOL) == 1
+    raytf.keep_warm(0)  # off: what is kept goes at once
+    try:
+        assert len(POOL) == 0 and alive_actors() == []
+    finally:
+        raytf.keep_warm(60)

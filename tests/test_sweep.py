@@ -96,7 +96,7 @@ def test_asha_runs_and_marks_what_it_stopped(ray_with_gpus, tmp_path):
     result = raytf.sweep(
         workloads.mlp_lr,
         workloads.data,
-        space={"lr": tune.grid_search([1e-5, 1e-4, 0.03]), "layout": "towers"},
+        space={"lr": tune.grid_search([1e-5, 0.03]), "layout": "towers"},
         metric="loss",
         scheduler="asha",
         use_gpu=False,
@@ -108,7 +108,7 @@ def test_asha_runs_and_marks_what_it_stopped(ray_with_gpus, tmp_path):
     )
     # Which trials ASHA stops depends on their arrival order; that it ran, and that the
     # ranking by loss (min) holds, does not. The status rule is unit-tested with fake results.
-    assert result.mode == "min" and len(result.rows) == 3
+    assert result.mode == "min" and len(result.rows) == 2
     assert all(r["status"] in ("ok", "stopped early") for r in result.rows)
-    assert sum(r["epochs"] for r in result.rows) <= 9
+    assert sum(r["epochs"] for r in result.rows) <= 6
     assert result.best_config["lr"] == 0.03  # the only rate that learns in 3 epochs
