@@ -28,15 +28,37 @@ GPU member starts cold.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from raytf._internal.runtime.warm import (
+    Lease,
+    Spec,
+    Warm,
+    env_key,
+    frozen,
+    kill,
+    start_actor,
+)
+from raytf._internal.runtime.warm import session as current_session
+
+__all__ = [
+    "DEFAULT_IDLE_S",
+    "ENV",
+    "MAX_IDLE_S",
+    "POOL",
+    "Spec",
+    "WarmPool",
+    "env_key",
+    "start_actor",
+]
+
+logger = logging.getLogger("raytf")
 
 #: Seconds a warm group waits for its next run, unless raytf.keep_warm() or the environment
 #: variable says otherwise.
@@ -47,147 +69,14 @@ WATCH_S = 0.5
 #: Above this, a timer cannot wait (threading's limit): "keep for ever" is not offered.
 MAX_IDLE_S = 1e6
 
-#: What identifies a warm actor: (bundle index in its group, class, name, constructor args,
-#: runtime_env as JSON, the bundle's resources).
-Spec = tuple[int, type, str, tuple, str, tuple]
-
-logger = logging.getLogger("raytf")
-
-
-def env_key(runtime_env: dict[str, Any] | None) -> str:
-    return json.dumps(runtime_env or {}, sort_keys=True, default=str)
-
-
-def start_actor(
-    cls: type,
-    name: str,
-    args: tuple,
-    bundle: dict[str, float],
-    placement: Any,
-    index: int,
-    runtime_env: dict[str, Any] | None,
-) -> Any:
-    """``cls`` as a Ray actor on bundle ``index`` of ``placement`` (None: Ray places it)."""
-    import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    strategy = None
-    if placement is not None:
-        strategy = PlacementGroupSchedulingStrategy(
-            placement,
-            placement_group_bundle_index=index,
-            placement_group_capture_child_tasks=True,
-        )
-    return (
-        ray.remote(cls)
-        .options(
-            num_cpus=bundle.get("CPU", 0),
-            num_gpus=bundle.get("GPU", 0),
-            max_restarts=0,
-            scheduling_strategy=strategy,
-            runtime_env=runtime_env,
-        )
-        .remote(name, *args)
-    )
-
-
-@dataclass(eq=False)
-class _Warm:
-    """One kept placement group and the fresh actors waiting on its bundles."""
-
-    placement: Any
-    bundles: tuple[tuple[tuple[str, float], ...], ...]
-    strategy: str
-    owned: bool  # reserved by raytf (released at expiry), or a Tune trial's
-    spare: bool = False  # a running run's spares (no timer; see the module docstring)
-    actors: dict[int, tuple[Spec, Any, Any]] = field(
-        default_factory=dict
-    )  # index: spec, actor, ready
-    timer: threading.Timer | None = None
-
-
-def _frozen(bundles: Sequence[dict[str, float]]) -> tuple[tuple[tuple[str, float], ...], ...]:
-    return tuple(tuple(sorted((k, float(v)) for k, v in b.items() if v)) for b in bundles)
-
-
-class Lease:
-    """A run's claim on a warm group's actors, until its spawning is over."""
-
-    def __init__(self, pool: WarmPool, warm: _Warm | None, only: int | None = None) -> None:
-        self.pool = pool
-        self.warm = warm
-        # Asked now, all at once: an actor that died while idle answers with its death.
-        self.pings = {}
-        if warm is not None:
-            self.pings = {
-                i: actor.__ray_ready__.remote()
-                for i, (_, actor) in warm.actors.items()
-                if only is None or i == only
-            }
-
-    def take(self, spec: Spec) -> Any:
-        """The warm actor for ``spec``, or None (then nothing holds its bundle any more)."""
-        warm = self.warm
-        if warm is None:
-            return None
-        found = warm.actors.pop(spec[0], None)
-        if found is None:
-            return None
-        parked, actor = found
-        if parked != spec or not _alive(self.pings.get(spec[0])):
-            self.pool.kill(actor)  # another kind of member, or it died idle
-            return None
-        return actor
-
-    def close(self) -> None:
-        """Spawning is over: warm actors no member took are stopped (they hold resources)."""
-        if self.warm is not None:
-            for _, actor in self.warm.actors.values():
-                self.pool.kill(actor)
-            self.warm.actors.clear()
-            self.warm = None
-
-
-#: How long a lease waits for a warm actor's answer; one still starting counts as alive.
-PING_S = 0.5
-
-
-def _alive(ping: Any) -> bool:
-    """False if the actor is known to have died; a starting actor counts as alive."""
-    import ray
-
-    if ping is None:
-        return True
-    done, _ = ray.wait([ping], timeout=PING_S)
-    if not done:
-        return True
-    try:
-        ray.get(done[0])
-    except Exception:
-        return False
-    return True
-
-
-def _session() -> Any:
-    """This process's Ray session (None without one): a new ``ray.init`` makes a new one."""
-    import ray
-
-    if not ray.is_initialized():
-        return None
-    try:
-        return ray._private.worker.global_worker.node.session_name
-    except AttributeError:  # no node object in this process: the next best key
-        context = ray.get_runtime_context()
-        return (context.gcs_address, context.get_job_id())
-
 
 class WarmPool:
     """This driver's warm groups; see the module docstring. Thread-safe (timers expire)."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._warm: list[_Warm] = []  # parked: waiting for a run (or a run's spares)
-        self._taken: dict[Any, _Warm] = {}  # placement id: taken by a run, not yet leased
+        self._warm: list[Warm] = []  # parked: waiting for a run (or a run's spares)
+        self._taken: dict[Any, Warm] = {}  # placement id: taken by a run, not yet leased
         self._session: Any = None
         self._watcher: threading.Thread | None = None
         self.idle_s: float | None = None  # None: the environment variable, else the default
@@ -205,7 +94,7 @@ class WarmPool:
 
     def _check_session(self) -> None:
         """Warm groups belong to one Ray session: after a shutdown they are gone."""
-        session = _session()
+        session = current_session()
         if session != self._session:
             for warm in self._warm:
                 if warm.timer is not None:
@@ -219,9 +108,9 @@ class WarmPool:
         every kept group of raytf's own is released (the new reservation needs the room)."""
         with self._lock:
             self._check_session()
-            frozen = _frozen(bundles)
+            wanted = frozen(bundles)
             for warm in self._parked(owned=True):
-                if warm.bundles == frozen and warm.strategy == strategy:
+                if warm.bundles == wanted and warm.strategy == strategy:
                     self._hold(warm)
                     self._warm.remove(warm)  # no timer can expire it from here on
                     self._taken[warm.placement.id] = warm
@@ -233,7 +122,7 @@ class WarmPool:
     def lease(self, placement: Any) -> Lease:
         """The warm actors on ``placement`` (a group just taken, or a Tune trial's)."""
         if placement is None:
-            return Lease(self, None)
+            return Lease(None)
         with self._lock:
             self._check_session()
             warm = self._taken.pop(placement.id, None)
@@ -244,7 +133,7 @@ class WarmPool:
                         self._hold(parked)
                         self._warm.remove(parked)
                         break
-            return Lease(self, warm)
+            return Lease(warm)
 
     def park(
         self,
@@ -266,7 +155,7 @@ class WarmPool:
             for entry in [w for w in self._parked(spare=True) if w.placement == placement]:
                 self._warm.remove(entry)
                 spares.update(entry.actors)
-        warm = _Warm(placement, _frozen(bundles), strategy, owned)
+        warm = Warm(placement, frozen(bundles), strategy, owned)
         try:
             for spec, bundle in members:
                 index, cls, name, args = spec[:4]
@@ -313,7 +202,7 @@ class WarmPool:
             self._check_session()
             if any(w.placement == placement for w in self._parked(spare=True)):
                 return 0
-        warm = _Warm(placement, (), "", owned=False, spare=True)
+        warm = Warm(placement, (), "", owned=False, spare=True)
         try:
             for spec, bundle in members:
                 if bundle.get("GPU"):
@@ -344,7 +233,7 @@ class WarmPool:
         with self._lock:
             for warm in self._parked(spare=True):
                 if warm.placement == placement:
-                    actor = Lease(self, warm, only=spec[0]).take(spec)
+                    actor = Lease(warm, only=spec[0]).take(spec)
                     if not warm.actors:
                         self._warm.remove(warm)
                     return actor
@@ -408,7 +297,7 @@ class WarmPool:
             return len(self._parked())
 
     # ------------------------------------------------------------------ helpers
-    def _parked(self, owned: bool | None = None, spare: bool = False) -> list[_Warm]:
+    def _parked(self, owned: bool | None = None, spare: bool = False) -> list[Warm]:
         return [w for w in self._warm if w.spare == spare and (owned is None or w.owned == owned)]
 
     def _ids(self, spare: bool) -> set[str]:
@@ -439,7 +328,7 @@ class WarmPool:
         while True:
             time.sleep(WATCH_S)  # a poll of Ray's state, in the background
             with self._lock:
-                gone = not ray.is_initialized() or session != _session()
+                gone = not ray.is_initialized() or session != current_session()
                 if gone or session != self._session or not self._parked(owned=True):
                     return
             try:
@@ -452,25 +341,25 @@ class WarmPool:
                         for warm in self._parked(owned=True):
                             self._expire(warm)
 
-    def _start_timer(self, warm: _Warm, idle: float) -> None:
+    def _start_timer(self, warm: Warm, idle: float) -> None:
         timer = threading.Timer(idle, self._on_timer, args=(warm,))
         timer.daemon = True
         warm.timer = timer
         timer.start()
 
-    def _hold(self, warm: _Warm) -> None:
+    def _hold(self, warm: Warm) -> None:
         if warm.timer is not None:
             warm.timer.cancel()
             warm.timer = None
 
-    def _on_timer(self, warm: _Warm) -> None:
+    def _on_timer(self, warm: Warm) -> None:
         timer = threading.current_thread()
         with self._lock:
             # Taken (or re-armed) since this timer fired: not this timer's to expire.
-            if warm.timer is timer and warm in self._warm and _session() == self._session:
+            if warm.timer is timer and warm in self._warm and current_session() == self._session:
                 self._expire(warm)
 
-    def _expire(self, warm: _Warm) -> None:
+    def _expire(self, warm: Warm) -> None:
         self._hold(warm)
         with contextlib.suppress(ValueError):
             self._warm.remove(warm)
@@ -483,12 +372,7 @@ class WarmPool:
             with contextlib.suppress(Exception):  # Ray shut down meanwhile
                 remove_placement_group(warm.placement)
 
-    @staticmethod
-    def kill(actor: Any) -> None:
-        import ray
-
-        with contextlib.suppress(Exception):
-            ray.kill(actor, no_restart=True)
+    kill = staticmethod(kill)
 
 
 #: The driver's pool.
