@@ -19,7 +19,8 @@ from typing import Any
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from raytf._internal.runtime.pool import POOL, Spec, env_key, start_actor
+from raytf._internal.runtime.pool import POOL
+from raytf._internal.runtime.warm import Spec, env_key, start_actor
 from raytf.errors import ConfigError, Preempted, RaytfError, StartupTimeoutError, WorkerError
 
 #: How long to look for a dead peer behind a surviving peer's error before reporting it.

@@ -40,23 +40,11 @@ from raytf._internal.runtime.warm import (
     Lease,
     Spec,
     Warm,
-    env_key,
     frozen,
     kill,
     start_actor,
 )
 from raytf._internal.runtime.warm import session as current_session
-
-__all__ = [
-    "DEFAULT_IDLE_S",
-    "ENV",
-    "MAX_IDLE_S",
-    "POOL",
-    "Spec",
-    "WarmPool",
-    "env_key",
-    "start_actor",
-]
 
 logger = logging.getLogger("raytf")
 
