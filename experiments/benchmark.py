@@ -61,10 +61,12 @@ RUNNERS = (
     Runner("ray-train", "ray-train TensorflowTrainer 2w", True),
     # Parameter servers, 2 workers: raytf's backend in each mode, then TensorFlow's backend.
     Runner("ps-sync-1", "raytf PS sync, 1 ps", True),
+    Runner("ps-sync-1-store", "raytf PS sync, 1 ps, object store", True),
     Runner("ps-sync-2", "raytf PS sync, 2 ps", True),
     Runner("ps-backup-1", "raytf PS sync + 1 backup, 1 ps", True),
     Runner("ps-stale2-1", "raytf PS staleness 2, 1 ps", True),
     Runner("ps-async-1", "raytf PS async, 1 ps", True),
+    Runner("ps-async-1-store", "raytf PS async, 1 ps, object store", True),
     Runner("ps-async-2", "raytf PS async, 2 ps", True),
     Runner("ps-async-1-noprefetch", "raytf PS async, 1 ps, no prefetch", True),
     Runner("ps-stale2-1-noprefetch", "raytf PS staleness 2, 1 ps, no prefetch", True),
@@ -266,7 +268,8 @@ def _start_ray(num_cpus: int) -> None:
 
 
 def _ps_layout(key: str) -> Any:
-    """``ps-<mode>-<servers>[-noprefetch]`` as a raytf.ParameterServer for 2 workers."""
+    """``ps-<mode>-<servers>[-noprefetch|-store]`` as a raytf.ParameterServer for 2 workers
+    (``-store``: weights and gradients through Ray's object store, not TCP)."""
     import raytf
 
     parts = key.split("-")
@@ -282,6 +285,8 @@ def _ps_layout(key: str) -> Any:
         options["backend"] = "tensorflow"
     if key.endswith("noprefetch"):
         options["prefetch_weights"] = False
+    if key.endswith("store"):
+        options["transport"] = "object-store"
     # Half a CPU per server: 2 workers + 2 servers (+ TensorFlow's chief) on num_cpus=4.
     return raytf.ParameterServer(workers=2, ps=servers, cpus_per_ps=0.5, **options)
 

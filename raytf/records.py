@@ -71,6 +71,10 @@ class ServerRow(_ActorRow):
     bytes_out: int = 0
     apply_seconds: float = 0.0
     wait_seconds: float = 0.0
+    #: How pulls and pushes travelled ("tcp" or "object-store").
+    transport: str | None = None
+    #: Whether its update ran as one XLA computation (False: an op XLA cannot lower).
+    xla: bool | None = None
     #: Histograms {value: count}: staleness of applied gradients, and steps workers ran ahead.
     staleness: dict[int, int] = field(default_factory=dict)
     steps_ahead: dict[int, int] = field(default_factory=dict)

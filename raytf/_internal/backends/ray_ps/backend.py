@@ -72,6 +72,7 @@ class RayParameterServerBackend(Backend):
             "staleness": layout.staleness,
             "backup_workers": layout.backup_workers,
             "prefetch_weights": layout.prefetch_weights,
+            "transport": layout.transport,
             "checkpoint_dir": job.checkpoint_dir,
             "resume": job.resume,
             "keep": job.keep_checkpoints,
@@ -90,6 +91,7 @@ class RayParameterServerBackend(Backend):
         self.placement_of = {v["name"]: names[o] for v, o in zip(variables, owner)}
         for row, b in zip(self.server_rows, built):
             row.update(variables=b["variables"], bytes=b["bytes"])
+        config["addresses"] = [b["address"] for b in built]  # transport="tcp": host:port
         self.connect = ([m.actor for m in servers], names, owner, config)
         self._on(group, "worker", "connect", *self.connect)
         # Servers hold the state: their checkpoints decide where training resumes; workers

@@ -4,7 +4,7 @@ Transfer is what a parameter-server step pays for, so the loop keeps round trips
 step: a push returns the weights for the next step (synchronous mode, and asynchronous modes
 without prefetch). With ``prefetch_weights`` and staleness >= 1 the next pull is in flight
 while this step computes and the push does not wait for an answer, so transfer overlaps compute.
-Arrays travel as numpy through Ray's object store (zero-copy reads on the same node).
+Arrays travel as flat float32 buffers over TCP, or through Ray's object store (wire.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 from raytf._internal.job import Job
 from raytf._internal.spec import StrategySpec
 from raytf._internal.worker.process import Process, surface_errors
-from raytf.errors import WorkerError
 
 
 class PSWorker:
@@ -64,9 +63,18 @@ class PSWorker:
         self, servers: list[Any], server_names: list[str], owner: list[int], config: dict[str, Any]
     ) -> None:
         """Learn the servers and which shared variable each owns (``owner[i]``)."""
+        from raytf._internal.backends.ray_ps.wire import TCP, open_channels
+
         self.index = self.spec.worker_index
-        self.servers = servers
-        self.server_names = server_names
+        for channel in getattr(self, "channels", []):
+            channel.close()
+        self.channels = open_channels(
+            config.get("transport", TCP),
+            servers,
+            server_names,
+            config.get("addresses") or [None] * len(servers),
+            self.name,
+        )
         self.staleness = config["staleness"]
         self.prefetch = bool(config["prefetch_weights"]) and self.staleness != 0
         self.step.connect(owner, len(servers))
@@ -94,31 +102,15 @@ class PSWorker:
         self.step.seek(batches)
 
     # ------------------------------------------------------------------ traffic
-    def _get(self, refs: list[Any]) -> list[Any]:
-        import ray
-
-        try:
-            return ray.get(refs)
-        except ray.exceptions.RayActorError as exc:
-            dead = [
-                name
-                for name, ref in zip(self.server_names, refs)
-                if ray.wait([ref], timeout=0)[0] and _raises(ref)
-            ]
-            raise WorkerError(
-                f"{self.name}: parameter server {', '.join(dead) or '?'} died: {exc}",
-                worker=self.name,
-                error_type=type(exc).__name__,
-            ) from None
-
     def _pull(self, step: int | None) -> list[Any]:
         """Ask every server for its weights for this worker's ``step`` (None: now)."""
-        return [s.pull.remote(self.index, step) for s in self.servers]
+        return [c.pull(self.index, step) for c in self.channels]
 
-    def _weights(self, refs: list[Any]) -> tuple[list[Any], bool]:
+    def _weights(self, pending: list[Any]) -> tuple[list[Any], bool]:
         """Each server's flat weights, and whether every server says the epoch is over."""
         flats, done = [], []
-        for s, (version, values, finished) in enumerate(self._get(refs)):
+        for s, reply in enumerate(pending):
+            version, values, finished = reply.result()
             self.versions[s] = version
             flats.append(values)
             done.append(finished)
@@ -126,15 +118,15 @@ class PSWorker:
 
     def _push(self, flats: list[Any], want: bool) -> list[Any]:
         return [
-            server.push.remote(self.index, self.versions[s], flats[s], want, self.generation)
-            for s, server in enumerate(self.servers)
+            c.push(self.index, self.versions[s], flats[s], want, self.generation)
+            for s, c in enumerate(self.channels)
         ]
 
     def _drain(self) -> None:
         """Wait for the previous push's acknowledgements: errors surface, memory stays bounded."""
-        if self._acks:
-            self._get(self._acks)
-            self._acks = []
+        for ack in self._acks:
+            ack.result()
+        self._acks = []
 
     # ------------------------------------------------------------------ epochs
     @surface_errors
@@ -237,15 +229,3 @@ class PSWorker:
             "timing": {k: round(v, 4) if isinstance(v, float) else v for k, v in t.items()},
             "keras_callbacks": self.hooks.states() if with_model else None,
         }
-
-
-def _raises(ref: Any) -> bool:
-    import ray
-
-    try:
-        ray.get(ref, timeout=0)
-    except ray.exceptions.RayActorError:
-        return True
-    except Exception:
-        return False
-    return False
