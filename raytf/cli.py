@@ -93,6 +93,11 @@ def _layout_flags(parser: argparse.ArgumentParser) -> None:
         help="parameter-server: raytf's own (every mode) or TensorFlow's (asynchronous)",
     )
     parser.add_argument(
+        "--transport",
+        choices=["tcp", "object-store"],
+        help="parameter-server, raytf's backend: TCP streams (default) or Ray's object store",
+    )
+    parser.add_argument(
         "--stragglers",
         action="store_true",
         default=None,
@@ -222,6 +227,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "backup_workers",
         "strategy",
         "backend",
+        "transport",
         "stragglers",
         "preemptible",
         "use_gpu",

@@ -53,11 +53,14 @@ def test_bounded_staleness_never_exceeds_its_bound(local_ray):
 
 
 def test_asynchronous_training_applies_every_gradient(local_ray):
-    layout = raytf.ParameterServer(workers=2, ps=1, staleness="async")
+    # Through Ray's object store (the other tests use the default TCP streams): both
+    # transports carry the same protocol.
+    layout = raytf.ParameterServer(workers=2, ps=1, staleness="async", transport="object-store")
     result = fit(layout, validation_data=workloads.validation)
     assert result.history["loss"][-1] < result.history["loss"][0]
     assert "val_accuracy" in result.history
     (server,) = result.servers
+    assert server.transport == "object-store"
     assert server.applied == result.global_step == 2 * 2 * STEPS
     assert server.pushes == server.applied + server.dropped
     assert sum(result.staleness["histogram"].values()) == 2 * 2 * STEPS
@@ -68,6 +71,8 @@ def test_backup_worker_closes_steps_without_the_straggler(local_ray):
     result = fit(layout, workloads.straggler_data(0.02))
     assert result.history["loss"][-1] < result.history["loss"][0]
     (server,) = result.servers
+    # The default transport, and the server's Adam update fused by XLA.
+    assert server.transport == "tcp" and server.xla is True
     # The epoch ends after STEPS synchronous steps, whoever computed them.
     assert server.applied == result.global_step == 2 * STEPS
     # Each closed step averaged 1 or 2 gradients; a late gradient is dropped, never applied.

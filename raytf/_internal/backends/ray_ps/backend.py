@@ -90,7 +90,7 @@ class RayParameterServerBackend(Backend):
         names = [m.name for m in servers]
         self.placement_of = {v["name"]: names[o] for v, o in zip(variables, owner)}
         for row, b in zip(self.server_rows, built):
-            row.update(variables=b["variables"], bytes=b["bytes"])
+            row.update(variables=b["variables"], bytes=b["bytes"], address=b["address"])
         config["addresses"] = [b["address"] for b in built]  # transport="tcp": host:port
         self.connect = ([m.actor for m in servers], names, owner, config)
         self._on(group, "worker", "connect", *self.connect)

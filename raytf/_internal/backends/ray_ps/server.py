@@ -9,6 +9,7 @@ variables, and checkpoints that state with them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
@@ -266,7 +267,11 @@ def _compiled(fn: Any, *specs: Any) -> tuple[Any, bool]:
     try:
         fused.experimental_get_compiler_ir(*specs)(stage="hlo")
         return fused, True
-    except Exception:  # not lowerable: the same function without XLA
+    except Exception as exc:  # not lowerable: the same function without XLA
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        logging.getLogger("raytf").warning(
+            "%s runs without XLA, which cannot lower it: %s", fn.__name__, first[:300]
+        )
         plain = tf.function(fn)
         plain.get_concrete_function(*specs)
         return plain, False

@@ -37,11 +37,12 @@ PULL, PUSH = 1, 2
 OK, FAILED = 0, 1
 # op, worker, step (pull; -1: now) or version (push), generation, want weights, payload bytes
 REQUEST = struct.Struct("!BiqqBq")
-# status, version, epoch done, payload bytes (float32 values, or a JSON error)
+# status, version, epoch done, payload bytes (float32 values, -1 for none, or a JSON error)
 REPLY = struct.Struct("!BqBq")
 CONNECT_TIMEOUT_S = 30.0
-# A stream reader this large takes a whole 1 MB frame without pausing the transport.
-READ_LIMIT = 1 << 24
+# Unacknowledged bytes older than this end the connection (a peer's node vanished mid-send);
+# Linux would otherwise retransmit for about 15 minutes.
+USER_TIMEOUT_MS = 30_000
 
 Reply = tuple[int, Any, bool]
 
@@ -52,51 +53,89 @@ class WireServer:
 
     def __init__(self, protocol: Any, name: str) -> None:
         self.protocol, self.name = protocol, name
-        self._server: asyncio.AbstractServer | None = None
+        self._listener: socket.socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> str:
         """Listen on this node's address (the one Ray gives the node); returns host:port."""
         import ray
 
         host = ray.util.get_node_ip_address()
-        self._server = await asyncio.start_server(self._serve, host, 0, limit=READ_LIMIT)
-        port = self._server.sockets[0].getsockname()[1]
-        return f"{host}:{port}"
+        listener = socket.create_server((host, 0), backlog=128)
+        listener.setblocking(False)
+        self._listener = listener
+        self._spawn(self._accept(listener))
+        return f"{host}:{listener.getsockname()[1]}"
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        """Stop listening and drop every connection (handlers waiting on the old protocol
+        end with them)."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        for task in list(self._tasks):
+            task.cancel()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        _tune(writer.get_extra_info("socket"))
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError:  # closed
+                return
+            conn.setblocking(False)
+            _tune(conn)
+            self._spawn(self._serve(conn))
+
+    async def _serve(self, conn: socket.socket) -> None:
+        """One worker's stream. The socket API, not streams: a payload lands straight in its
+        array and a reply leaves from the weights' own buffer, with no copy in Python."""
+        loop = asyncio.get_running_loop()
+        head = bytearray(REQUEST.size)
         try:
             while True:
-                try:
-                    head = await reader.readexactly(REQUEST.size)
-                    op, worker, at, generation, want, n = REQUEST.unpack(head)
-                    payload = await reader.readexactly(n) if n else b""
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return  # the worker went away; a half-sent frame is never applied
+                if not await _receive(loop, conn, head):
+                    return  # the worker went away
+                op, worker, at, generation, want, n = REQUEST.unpack(head)
+                if n % 4:
+                    return  # not a float32 payload: not a raytf worker
+                flat = np.empty(n // 4, np.float32)  # new each time: a step may hold it
+                if n and not await _receive(loop, conn, flat):
+                    return  # a half-sent frame is never applied
                 try:
                     if op == PULL:
                         reply = await self.protocol.pull(worker, None if at < 0 else at)
                     else:
-                        flat = np.frombuffer(payload, np.float32)
                         reply = await self.protocol.push(worker, at, flat, bool(want), generation)
                 except Exception as exc:  # the worker raises it, with this server's name
-                    writer.write(_failure(self.name, "pull" if op == PULL else "push", exc))
-                else:
-                    version, values, done = reply
-                    size = 0 if values is None else values.nbytes
-                    writer.write(REPLY.pack(OK, version, bool(done), size))
-                    if size:
-                        writer.write(memoryview(values).cast("B"))
-                await writer.drain()
-        except ConnectionError:
-            return
+                    method = "pull" if op == PULL else "push"
+                    await loop.sock_sendall(conn, _failure(self.name, method, exc))
+                    continue
+                version, values, done = reply
+                size = -1 if values is None else values.nbytes
+                await loop.sock_sendall(conn, REPLY.pack(OK, version, bool(done), size))
+                if size > 0:
+                    await loop.sock_sendall(conn, memoryview(values).cast("B"))
+        except OSError:
+            return  # the worker's end closed while a reply was on its way
         finally:
-            writer.close()
+            conn.close()
+
+
+async def _receive(loop: asyncio.AbstractEventLoop, conn: socket.socket, buffer: Any) -> bool:
+    """Fill ``buffer`` from ``conn``; False if the peer closed first."""
+    view = memoryview(buffer).cast("B")
+    while view.nbytes:
+        got = await loop.sock_recv_into(conn, view)
+        if not got:
+            return False
+        view = view[got:]
+    return True
 
 
 def _failure(server: str, method: str, exc: BaseException) -> bytes:
@@ -111,13 +150,20 @@ def _failure(server: str, method: str, exc: BaseException) -> bytes:
 
 
 def _tune(sock: socket.socket | None) -> None:
-    """No Nagle delay on small frames; keepalive so a vanished node shows within ~30 s."""
+    """No Nagle delay on small frames; a vanished peer node shows within about 30 s, whether
+    the connection is idle (keepalive) or has bytes in flight (user timeout)."""
     if sock is None:
         return
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, option):
+    options = (
+        ("TCP_KEEPIDLE", 10),
+        ("TCP_KEEPINTVL", 5),
+        ("TCP_KEEPCNT", 3),
+        ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS),
+    )
+    for option, value in options:
+        if hasattr(socket, option):  # Linux; other systems keep their defaults
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
@@ -143,27 +189,26 @@ class _Stream:
         try:
             self.sock = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S)
         except OSError as exc:
-            raise ConfigError(
-                f"{worker} could not connect to parameter server {server} at {address} "
-                f"within {CONNECT_TIMEOUT_S:g} s ({exc}). The nodes must reach each other "
-                "on any TCP port for transport='tcp' (a firewall or security group may block "
-                "it): open the ports between nodes, or use "
-                "ParameterServer(transport='object-store'), which needs only Ray's ports."
-            ) from None
+            raise _unreachable(server, address, worker, exc) from None
         self.sock.settimeout(None)  # a synchronous step may wait for a straggler; Ray times it
         _tune(self.sock)
         self._head = bytearray(REPLY.size)
         self._values = np.empty(0, np.float32)  # reused: valid until the next reply
+        self._broken: BaseException | None = None
 
     def send(self, head: bytes, payload: Any = None) -> None:
+        if self._broken is not None:  # a reply may be unread: the stream is out of step
+            raise self._broken
         try:
             self.sock.sendall(head)
             if payload is not None:
                 self.sock.sendall(memoryview(payload).cast("B"))
         except OSError as exc:
-            raise self._lost(exc) from None
+            raise self._fail(self._lost(exc)) from None
 
     def receive(self) -> Reply:
+        if self._broken is not None:
+            raise self._broken
         try:
             self._fill(self._head)
             status, version, done, n = REPLY.unpack(self._head)
@@ -171,14 +216,24 @@ class _Stream:
                 body = bytearray(n)
                 self._fill(body)
                 raise _remote_error(self.server, json.loads(body))
-            if not n:
+            if n < 0:
                 return version, None, bool(done)
             if self._values.nbytes != n:
                 self._values = np.empty(n // 4, np.float32)
             self._fill(self._values)
             return version, self._values, bool(done)
         except OSError as exc:
-            raise self._lost(exc) from None
+            raise self._fail(self._lost(exc)) from None
+        except WorkerError:
+            raise  # the server's own error, read whole: the stream is still in step
+        except BaseException as exc:
+            raise self._fail(exc) from None
+
+    def _fail(self, exc: BaseException) -> BaseException:
+        """Any failure ends the stream: nothing later may read a reply meant for another."""
+        self._broken = exc
+        self.sock.close()
+        return exc
 
     def _fill(self, buffer: Any) -> None:
         view = memoryview(buffer).cast("B")
@@ -201,6 +256,15 @@ class _Stream:
         self.sock.close()
 
 
+def _unreachable(server: str, address: str, worker: str, cause: BaseException) -> ConfigError:
+    return ConfigError(
+        f"{worker} could not connect to parameter server {server} at {address} within "
+        f"{CONNECT_TIMEOUT_S:g} s ({cause}). The nodes must reach each other on any TCP port for "
+        "transport='tcp' (a firewall or security group may block it): open the ports between "
+        "nodes, or use ParameterServer(transport='object-store'), which needs only Ray's ports."
+    )
+
+
 def _remote_error(server: str, error: dict[str, Any]) -> WorkerError:
     return WorkerError(
         error["message"],
@@ -216,7 +280,11 @@ class TcpChannel:
 
     def __init__(self, address: str, server: str, worker: str) -> None:
         self._pulls = _Stream(address, server, worker)
-        self._pushes = _Stream(address, server, worker)
+        try:
+            self._pushes = _Stream(address, server, worker)
+        except BaseException:
+            self._pulls.close()
+            raise
 
     def pull(self, worker: int, step: int | None) -> Pending:
         stream = self._pulls
@@ -271,6 +339,35 @@ def open_channels(
     transport: str, actors: list[Any], names: list[str], addresses: list[str | None], worker: str
 ) -> list[Any]:
     """One channel per server, in server order."""
-    if transport == TCP:
-        return [TcpChannel(a, n, worker) for a, n in zip(addresses, names)]  # type: ignore[arg-type]
-    return [RayChannel(a, n, worker) for a, n in zip(actors, names)]
+    if transport != TCP:
+        return [RayChannel(a, n, worker) for a, n in zip(actors, names)]
+    channels: list[Any] = []
+    try:
+        for actor, name, address in zip(actors, names, addresses):
+            try:
+                channels.append(TcpChannel(address, name, worker))  # type: ignore[arg-type]
+            except ConfigError as unreachable:
+                raise _dead(actor, name, worker) or unreachable from None
+    except BaseException:
+        for channel in channels:
+            channel.close()
+        raise
+    return channels
+
+
+def _dead(actor: Any, server: str, worker: str) -> WorkerError | None:
+    """A server that cannot be reached because its process died: a lost actor (recoverable),
+    not a network problem. None when Ray says it is alive."""
+    import ray
+
+    try:
+        ray.get(actor.ready.remote(), timeout=CONNECT_TIMEOUT_S)
+    except ray.exceptions.RayActorError as exc:
+        return WorkerError(
+            f"{worker}: parameter server {server} died: {exc}",
+            worker=worker,
+            error_type=type(exc).__name__,
+        )
+    except Exception:  # alive but slow to answer: the connect error stands
+        return None
+    return None

@@ -66,8 +66,7 @@ class PSWorker:
         from raytf._internal.backends.ray_ps.wire import TCP, open_channels
 
         self.index = self.spec.worker_index
-        for channel in getattr(self, "channels", []):
-            channel.close()
+        old = getattr(self, "channels", [])
         self.channels = open_channels(
             config.get("transport", TCP),
             servers,
@@ -75,6 +74,8 @@ class PSWorker:
             config.get("addresses") or [None] * len(servers),
             self.name,
         )
+        for channel in old:
+            channel.close()
         self.staleness = config["staleness"]
         self.prefetch = bool(config["prefetch_weights"]) and self.staleness != 0
         self.step.connect(owner, len(servers))
