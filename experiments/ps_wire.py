@@ -217,11 +217,14 @@ def main(argv: list[str] | None = None) -> None:
     for r in updates:
         print(f"{r['update']:<12} {r['ms']:>6.2f} {r['first_s']:>13.2f}")
     if args.markdown:
-        print("\n| MB | transport | workers | ms per step | empty actor call ms |")
+        print(
+            "\n| MB pushed (and pulled back) | transport | workers | ms per step "
+            "| empty actor call, ms |"
+        )
         print("|---:|---|---:|---:|---:|")
         for r in rows:
             print(
-                f"| {r['bytes'] / 1e6:.2f} | {r['transport']} | {r['workers']} "
+                f"| {r['bytes'] / 1e6:.3g} | {r['transport']} | {r['workers']} "
                 f"| {r['step_ms']:.2f} | {r['call_ms']:.2f} |"
             )
         if costs:

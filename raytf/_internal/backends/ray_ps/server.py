@@ -258,7 +258,7 @@ def _compiled(fn: Any, *specs: Any) -> tuple[Any, bool]:
 
     Why: a server's update is the whole optimizer over every variable it holds, serialised
     by its event loop; fused by XLA, Adam over the README's MLP takes 0.6 ms instead of
-    1.8 ms on one CPU thread (``experiments/ps_wire.py``). An op XLA lacks (a user's
+    1.2 ms on one CPU thread (``experiments/ps_wire.py``). An op XLA lacks (a user's
     optimizer may use one) shows while lowering, before anything runs.
     """
     import tensorflow as tf

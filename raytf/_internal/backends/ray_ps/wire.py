@@ -6,10 +6,11 @@ server's reply ``(version, flat values or None, epoch done)``:
 
 - ``"tcp"`` (the default): one framed TCP stream per worker, server and direction, served on
   the server actor's own event loop next to its Ray methods. Why: through Ray's object store
-  a synchronous step's 1 MB push plus the 1 MB of weights back cost about 11 ms on one node
-  (two objects created, sealed, reference-counted and fetched, two actor calls); the same
-  bytes over a socket cost about 3 ms (``experiments/ps_wire.py``). Only pulls and pushes
-  travel here; building, epochs, checkpoints and replacement stay Ray actor calls.
+  two workers' synchronous step (each pushing 1 MB and getting 1 MB of weights back) costs
+  about 12 ms on one node (objects created, sealed, reference-counted and fetched, two actor
+  calls each); the same bytes over sockets cost about 1.8 ms (``experiments/ps_wire.py``).
+  Only pulls and pushes travel here; building, epochs, checkpoints and replacement stay Ray
+  actor calls.
 - ``"object-store"``: the same calls as Ray actor methods, for clusters whose nodes reach
   each other only on Ray's own ports.
 
