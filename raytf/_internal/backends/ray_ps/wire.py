@@ -24,11 +24,11 @@ import asyncio
 import json
 import socket
 import struct
-import traceback
 from typing import Any
 
 import numpy as np
 
+from raytf._internal.worker.process import as_worker_error
 from raytf.errors import ConfigError, WorkerError
 
 TCP, OBJECT_STORE = "tcp", "object-store"
@@ -140,21 +140,16 @@ async def _receive(loop: asyncio.AbstractEventLoop, conn: socket.socket, buffer:
 
 
 def _failure(server: str, method: str, exc: BaseException) -> bytes:
-    body = json.dumps(
-        {
-            "message": f"{server} failed in {method}: {type(exc).__name__}: {exc}",
-            "error_type": type(exc).__name__,
-            "traceback": traceback.format_exc(),
-        }
-    ).encode()
+    """An error frame: the WorkerError every raytf actor raises for a user error, as JSON."""
+    error = as_worker_error(server, method, exc)
+    fields = {"message": error.args[0], "error_type": error.error_type}
+    body = json.dumps({**fields, "traceback": error.remote_traceback}).encode()
     return REPLY.pack(FAILED, 0, 0, len(body)) + body
 
 
-def _tune(sock: socket.socket | None) -> None:
+def _tune(sock: socket.socket) -> None:
     """No Nagle delay on small frames; a vanished peer node shows within about 30 s, whether
     the connection is idle (keepalive) or has bytes in flight (user timeout)."""
-    if sock is None:
-        return
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     options = (
